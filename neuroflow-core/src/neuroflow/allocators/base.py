@@ -1,0 +1,33 @@
+"""The Allocator interface that every allocator plugin implements."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neuroflow.memory.stats import MemoryStats
+
+
+class Allocator:
+    """Gives out arrays on one backend and counts what it gave.
+
+    ``allocate`` returns an uninitialised array; ``stats`` reports counters.
+    Subclasses override ``allocate``; a plain allocator needs nothing else.
+    """
+
+    name = "base"
+
+    def __init__(self, xp: Any) -> None:
+        self.xp = xp
+        self._stats = MemoryStats()
+
+    def allocate(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        raise NotImplementedError
+
+    def stats(self) -> MemoryStats:
+        return MemoryStats(**vars(self._stats))
+
+    def _count(self, nbytes: int) -> None:
+        s = self._stats
+        s.allocations += 1
+        s.in_use_bytes += nbytes
+        s.peak_bytes = max(s.peak_bytes, s.in_use_bytes)

@@ -1,0 +1,75 @@
+"""The Backend interface: what every device plugin provides.
+
+Ops are written once against ``backend.xp``; the primitives below have a
+generic implementation on ``xp`` that a device backend overrides only where
+it has something faster.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from neuroflow.memory.stats import MemoryStats
+
+
+class Backend:
+    """One device: its array namespace, copies to and from the host, counters, primitives."""
+
+    name: ClassVar[str] = "base"
+    xp: Any = np
+
+    def __init__(self, index: int = 0) -> None:
+        self.index = index
+        self._allocator: Any = None
+
+    # ---------------------------------------------------------------- identity
+    @classmethod
+    def is_available(cls) -> bool:
+        """Whether this backend can run on this machine (drivers, devices present)."""
+        return True
+
+    def describe(self) -> dict[str, str]:
+        """Facts for ``neuroflow doctor``: device name, versions, memory."""
+        return {"backend": self.name, "device": str(self.index)}
+
+    @property
+    def device(self) -> str:
+        return f"{self.name}:{self.index}"
+
+    # ---------------------------------------------------------------- memory
+    @property
+    def allocator(self) -> Any:
+        if self._allocator is None:
+            from neuroflow.allocators.direct import DirectAllocator
+
+            self._allocator = DirectAllocator(self.xp)
+        return self._allocator
+
+    def use_allocator(self, allocator: Any) -> None:
+        self._allocator = allocator
+
+    def memory_stats(self) -> MemoryStats:
+        """Bytes in use and at peak, pool size and allocation count, as the allocator counted them."""
+        return self.allocator.stats()
+
+    # ---------------------------------------------------------------- copies
+    def from_host(self, array: np.ndarray) -> Any:
+        """A device array holding a copy of the host array ``array``."""
+        return self.xp.asarray(array)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        """A numpy array with the contents of device array ``array`` (waits for pending work)."""
+        return np.asarray(array)
+
+    def synchronize(self) -> None:
+        """Wait until all queued work on this device is done (one host wait per step)."""
+
+    # ---------------------------------------------------------------- primitives
+    def matmul(self, a: Any, b: Any, out: Any = None) -> Any:
+        """General matrix product; the hot path of Linear and convolution."""
+        return self.xp.matmul(a, b, out=out)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.device}>"

@@ -1,0 +1,167 @@
+"""Composite operators: Sequential, Residual and Concat.
+
+Backward is pulled: each composite walks its children in reverse and hands
+every child the gradient of its output. Nothing is recorded at run time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neuroflow import debug
+from neuroflow.errors import ShapeError
+from neuroflow.operator import MemoryDeclaration, Operator
+
+
+class Sequential(Operator):
+    """Children applied in order; backward runs them in reverse.
+
+    ``Sequential(ops.Linear(784, 128), ops.ReLU(), ops.Linear(128, 10))``
+    """
+
+    def __init__(self, *layers: Operator) -> None:
+        super().__init__()
+        if len(layers) == 1 and isinstance(layers[0], (list, tuple)):
+            layers = tuple(layers[0])
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, Operator):
+                raise TypeError(f"Sequential item {i} is {type(layer).__name__}; expected an Operator")
+            setattr(self, str(i), layer)
+        self.layers: list[Operator] = list(layers)
+        self._input_shapes: list[tuple[int, ...]] = []
+
+    def forward(self, x: Any) -> Any:
+        if debug.enabled():
+            self._input_shapes = []
+            for layer in self.layers:
+                self._input_shapes.append(tuple(x.shape))
+                x = layer.forward(x)
+            return x
+        for layer in self.layers:
+            x = layer.forward(x)
+        return x
+
+    def backward(self, grad_out: Any) -> Any:
+        g = grad_out
+        if debug.enabled() and self._input_shapes:
+            for layer, shape in zip(reversed(self.layers), reversed(self._input_shapes)):
+                g = layer.backward(g)
+                debug.check_gradient_shape(layer, shape, g)
+            return g
+        for layer in reversed(self.layers):
+            g = layer.backward(g)
+        return g
+
+    def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
+        shape = tuple(input_shape)
+        for layer in self.layers:
+            shape = layer.output_shape(shape)
+        return MemoryDeclaration(shape)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, index: int) -> Operator:
+        return self.layers[index]
+
+    def __iter__(self) -> Any:
+        return iter(self.layers)
+
+    def __repr__(self) -> str:
+        inner = "".join(f"\n  ({i}): " + repr(layer).replace("\n", "\n  ") for i, layer in enumerate(self.layers))
+        return f"Sequential({inner}\n)"
+
+
+class Residual(Operator):
+    """``x + block(x)``, or ``shortcut(x) + block(x)`` when the block changes the shape."""
+
+    def __init__(self, block: Operator, shortcut: Operator | None = None) -> None:
+        super().__init__()
+        self.block = block
+        if shortcut is not None:
+            self.shortcut = shortcut
+        self.has_shortcut = shortcut is not None
+
+    def forward(self, x: Any) -> Any:
+        h = self.block.forward(x)
+        s = self.shortcut.forward(x) if self.has_shortcut else x
+        if h.shape != s.shape:
+            raise ShapeError(
+                f"Residual: block output {h.shape} does not match the shortcut {s.shape}; "
+                "pass shortcut=... to project the input"
+            )
+        y = self.buffer("y", h.shape, h.dtype)
+        self.xp.add(h, s, out=y)
+        return y
+
+    def backward(self, grad_out: Any) -> Any:
+        gb = self.block.backward(grad_out)
+        gs = self.shortcut.backward(grad_out) if self.has_shortcut else grad_out
+        gx = self.buffer("gx", gb.shape, gb.dtype)
+        self.xp.add(gb, gs, out=gx)
+        return gx
+
+    def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
+        return MemoryDeclaration(self.block.output_shape(tuple(input_shape)))
+
+    def __repr__(self) -> str:
+        extra = f", shortcut={self.shortcut!r}" if self.has_shortcut else ""
+        return f"Residual({self.block!r}{extra})"
+
+
+class Concat(Operator):
+    """Runs every branch on the same input and concatenates their outputs along ``axis``.
+
+    With ``axis=1`` on NCHW feature maps this is an FPN- or Inception-style
+    channel concat.
+    """
+
+    def __init__(self, *branches: Operator, axis: int = -1) -> None:
+        super().__init__()
+        if not branches:
+            raise ValueError("Concat needs at least one branch")
+        for i, branch in enumerate(branches):
+            setattr(self, str(i), branch)
+        self.branches = list(branches)
+        self.axis = int(axis)
+        self._sizes: list[int] = []
+
+    def forward(self, x: Any) -> Any:
+        outs = [branch.forward(x) for branch in self.branches]
+        rest = {tuple(o.shape[:self.axis % o.ndim]) + tuple(o.shape[self.axis % o.ndim + 1:]) for o in outs}
+        if len(rest) != 1:
+            raise ShapeError(f"{self!r}: branch outputs {[o.shape for o in outs]} differ outside axis {self.axis}")
+        self._sizes = [o.shape[self.axis] for o in outs]
+        shape = list(outs[0].shape)
+        shape[self.axis] = sum(self._sizes)
+        y = self.buffer("y", tuple(shape), outs[0].dtype)
+        self.xp.concatenate(outs, axis=self.axis, out=y)
+        return y
+
+    def backward(self, grad_out: Any) -> Any:
+        xp = self.xp
+        gx = None
+        start = 0
+        for branch, size in zip(self.branches, self._sizes):
+            index = [slice(None)] * grad_out.ndim
+            index[self.axis] = slice(start, start + size)
+            start += size
+            g = branch.backward(xp.ascontiguousarray(grad_out[tuple(index)]))
+            if gx is None:
+                gx = self.buffer("gx", g.shape, g.dtype)
+                gx[...] = g
+            else:
+                gx += g
+        return gx
+
+    def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
+        shapes = [b.output_shape(tuple(input_shape)) for b in self.branches]
+        out = list(shapes[0])
+        out[self.axis] = sum(s[self.axis] for s in shapes)
+        return MemoryDeclaration(tuple(out))
+
+    def get_config(self) -> dict[str, Any]:
+        return {"axis": self.axis}
+
+    def __repr__(self) -> str:
+        return f"Concat({', '.join(map(repr, self.branches))}, axis={self.axis})"

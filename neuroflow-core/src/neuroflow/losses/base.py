@@ -1,0 +1,39 @@
+"""The Loss interface: a scalar from predictions and targets, and its gradient."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neuroflow.memory.buffers import BufferPool
+
+
+class Loss:
+    """``forward(pred, target) -> float`` (mean over the batch); ``backward(scale) -> dL/dpred``.
+
+    ``scale`` multiplies the gradient: gradient accumulation passes each
+    micro-batch's share of the large batch so the sum equals the large
+    batch's mean gradient.
+    """
+
+    _pool: BufferPool | None = None
+    xp: Any = None
+
+    def forward(self, pred: Any, target: Any) -> float:
+        raise NotImplementedError
+
+    def backward(self, scale: float = 1.0) -> Any:
+        raise NotImplementedError
+
+    def __call__(self, pred: Any, target: Any) -> float:
+        return self.forward(pred, target)
+
+    def buffer(self, key: str, shape: tuple[int, ...], dtype: Any, xp: Any) -> Any:
+        if self._pool is None:
+            return xp.empty(shape, dtype)
+        return self._pool.get(self, key, shape, dtype)
+
+    def attach_pool(self, pool: BufferPool | None) -> None:
+        self._pool = pool
+
+    def get_config(self) -> dict[str, Any]:
+        return {}

@@ -1,0 +1,79 @@
+"""CrossEntropy: log-softmax and negative log-likelihood fused, for integer class labels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from neuroflow.errors import ShapeError
+from neuroflow.losses.base import Loss
+
+
+def _namespace(array: Any) -> Any:
+    return getattr(array, "__array_namespace__", None) and array.__array_namespace__() or np
+
+
+class CrossEntropy(Loss):
+    """Mean cross-entropy of logits (N, C) against integer labels (N,), with optional label smoothing.
+
+    The gradient is ``softmax(logits) - target_distribution`` divided by N:
+    the softmax is computed once in forward and reused, never differentiated
+    through separately.
+    """
+
+    def __init__(self, label_smoothing: float = 0.0) -> None:
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1); got {label_smoothing}")
+        self.label_smoothing = float(label_smoothing)
+        self._probs: Any = None
+        self._labels: Any = None
+
+    def forward(self, pred: Any, target: Any) -> float:
+        if getattr(pred, "ndim", 0) != 2:
+            raise ShapeError(f"CrossEntropy got logits of shape {getattr(pred, 'shape', None)}; expected (batch, classes)")
+        n, c = pred.shape
+        target_shape = tuple(getattr(target, "shape", ()))
+        if target_shape != (n,):
+            raise ShapeError(f"CrossEntropy got labels of shape {target_shape}; expected ({n},) integer class indices")
+        if target.dtype.kind not in "iu":
+            raise ShapeError(f"CrossEntropy got labels of dtype {target.dtype}; expected integers in [0, {c})")
+        xp = np if isinstance(pred, np.ndarray) else _namespace(pred)
+        if n and (int(target.min()) < 0 or int(target.max()) >= c):
+            raise ShapeError(f"CrossEntropy got labels outside [0, {c}): min {int(target.min())}, max {int(target.max())}")
+        z = self.buffer("z", pred.shape, pred.dtype, xp)
+        xp.subtract(pred, pred.max(axis=1, keepdims=True), out=z)
+        rows = xp.arange(n)
+        shifted_label = z[rows, target]
+        shifted_mean = z.mean(axis=1) if self.label_smoothing else None
+        xp.exp(z, out=z)
+        sums = z.sum(axis=1, keepdims=True)
+        z /= sums
+        self._probs, self._labels = z, target
+        if not n:
+            return 0.0
+        log_norm = xp.log(sums[:, 0])
+        nll = float((log_norm - shifted_label).mean())
+        if self.label_smoothing:
+            smooth = float((log_norm - shifted_mean).mean())
+            return (1.0 - self.label_smoothing) * nll + self.label_smoothing * smooth
+        return nll
+
+    def backward(self, scale: float = 1.0) -> Any:
+        probs, labels = self._probs, self._labels
+        if probs is None:
+            raise RuntimeError("CrossEntropy.backward called before forward")
+        n, c = probs.shape
+        xp = np if isinstance(probs, np.ndarray) else _namespace(probs)
+        g = self.buffer("g", probs.shape, probs.dtype, xp)
+        eps = self.label_smoothing
+        if eps:
+            xp.subtract(probs, eps / c, out=g)
+        else:
+            g[...] = probs
+        g[xp.arange(n), labels] -= 1.0 - eps
+        g *= scale / max(n, 1)
+        return g
+
+    def get_config(self) -> dict[str, Any]:
+        return {"label_smoothing": self.label_smoothing}

@@ -1,0 +1,52 @@
+"""FlatParameters: every trainable parameter and its gradient as views of two flat buffers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neuroflow.tensor import Tensor
+
+
+class FlatParameters:
+    """Packs parameters into one contiguous data buffer and one gradient buffer.
+
+    Optimizers update the flat buffers in a handful of vectorised calls
+    instead of a loop over parameters, and gradient clipping reads one norm.
+    """
+
+    def __init__(self, params: list[Tensor], xp: Any) -> None:
+        if not params:
+            raise ValueError("the model has no trainable parameters")
+        dtypes = {p.data.dtype for p in params}
+        if len(dtypes) != 1:
+            raise TypeError(f"parameters must share one dtype to be packed; found {sorted(map(str, dtypes))}")
+        dtype = dtypes.pop()
+        self.params = params
+        self.sizes = [int(p.data.size) for p in params]
+        total = sum(self.sizes)
+        self.data = xp.empty(total, dtype=dtype)
+        self.grad = xp.zeros(total, dtype=dtype)
+        offset = 0
+        self.slices: list[slice] = []
+        for p, size in zip(params, self.sizes):
+            view = slice(offset, offset + size)
+            self.data[view] = p.data.reshape(-1)
+            if p.grad is not None:
+                self.grad[view] = p.grad.reshape(-1)
+            p.data = self.data[view].reshape(p.data.shape)
+            p.grad = self.grad[view].reshape(p.data.shape)
+            self.slices.append(view)
+            offset += size
+
+    @property
+    def size(self) -> int:
+        return int(self.data.size)
+
+    def zero_grad(self) -> None:
+        self.grad.fill(0)
+
+    def owns(self, params: list[Tensor]) -> bool:
+        """Whether ``params`` are still the views this object created (no one rebound them)."""
+        return len(params) == len(self.params) and all(
+            p is q and p.data.base is not None for p, q in zip(params, self.params)
+        )

@@ -1,0 +1,239 @@
+"""Operator: the unit of computation, with an explicit forward and backward.
+
+An operator caches in ``forward`` exactly what its ``backward`` needs and
+says so through :meth:`Operator.memory_declaration`, which the memory planner
+reads. Parameter gradients accumulate into the parameters' ``grad`` buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from neuroflow.errors import ShapeError
+from neuroflow.tensor import Tensor
+
+if TYPE_CHECKING:
+    from neuroflow.backends.base import Backend
+    from neuroflow.memory.buffers import BufferPool
+
+
+class MemoryDeclaration:
+    """What one call of an operator keeps alive and needs transiently, for a given input shape.
+
+    ``cached`` lists the shapes kept from forward until backward, ``workspace``
+    the shapes needed only during a call, ``output`` the output's shape.
+    """
+
+    __slots__ = ("output", "cached", "workspace")
+
+    def __init__(
+        self,
+        output: tuple[int, ...],
+        cached: list[tuple[int, ...]] | None = None,
+        workspace: list[tuple[int, ...]] | None = None,
+    ) -> None:
+        self.output = tuple(output)
+        self.cached = [tuple(s) for s in cached or []]
+        self.workspace = [tuple(s) for s in workspace or []]
+
+
+class Operator:
+    """Base class of every op and composite.
+
+    Subclasses implement :meth:`forward` and :meth:`backward`; a Tensor
+    assigned as an attribute becomes a parameter, an Operator a child.
+    """
+
+    training: bool = True
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_parameters", {})
+        object.__setattr__(self, "_buffers", {})
+        object.__setattr__(self, "_children", {})
+        object.__setattr__(self, "_backend", None)
+        object.__setattr__(self, "_pool", None)
+
+    # ----------------------------------------------------------------- attributes
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, Tensor) and name not in self._buffers:
+            self._parameters[name] = value
+        elif isinstance(value, Operator):
+            self._children[name] = value
+        object.__setattr__(self, name, value)
+
+    def register_buffer(self, name: str, tensor: Tensor) -> None:
+        """Keep ``tensor`` as state that is saved and moved but never trained (running statistics)."""
+        self._buffers[name] = tensor
+        self._parameters.pop(name, None)
+        object.__setattr__(self, name, tensor)
+
+    # ----------------------------------------------------------------- computation
+    def forward(self, x: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not implement forward")
+
+    def backward(self, grad_out: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not implement backward")
+
+    def __call__(self, x: Any) -> Any:
+        return self.forward(x)
+
+    def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape ``forward`` returns for an input of ``input_shape``; raises ShapeError when invalid."""
+        return self.memory_declaration(input_shape).output
+
+    def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
+        """What a call caches for backward and needs as workspace.
+
+        The default (for ops that do not declare) says: output of the input's
+        shape, the input cached. Ops override it to tell the planner the truth.
+        """
+        return MemoryDeclaration(input_shape, cached=[input_shape])
+
+    # ----------------------------------------------------------------- tree walking
+    def named_children(self) -> Iterator[tuple[str, Operator]]:
+        yield from self._children.items()
+
+    def children(self) -> Iterator[Operator]:
+        yield from self._children.values()
+
+    def modules(self) -> Iterator[Operator]:
+        """This operator and all its descendants, parents first."""
+        yield self
+        for child in self._children.values():
+            yield from child.modules()
+
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
+        """Parameters (trainable or frozen) under dotted names, in a stable order."""
+        for name, tensor in self._parameters.items():
+            yield prefix + name, tensor
+        for child_name, child in self._children.items():
+            yield from child.named_parameters(f"{prefix}{child_name}.")
+
+    def parameters(self) -> list[Tensor]:
+        return [t for _, t in self.named_parameters()]
+
+    def trainable_parameters(self) -> list[Tensor]:
+        return [t for t in self.parameters() if t.requires_grad]
+
+    def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
+        for name, tensor in self._buffers.items():
+            yield prefix + name, tensor
+        for child_name, child in self._children.items():
+            yield from child.named_buffers(f"{prefix}{child_name}.")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Parameters and buffers by dotted name, as arrays on the current backend."""
+        state = {name: t.data for name, t in self.named_parameters()}
+        state.update({name: t.data for name, t in self.named_buffers()})
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Copy arrays into this model's parameters and buffers by name, checking shapes."""
+        own = dict(self.named_parameters())
+        own.update(self.named_buffers())
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
+        if missing or unexpected:
+            raise KeyError(f"state_dict does not match the model: missing {missing}, unexpected {unexpected}")
+        for name, tensor in own.items():
+            value = state[name]
+            if tuple(value.shape) != tensor.shape:
+                raise ShapeError(f"{name}: model has shape {tensor.shape}, state_dict has {tuple(value.shape)}")
+            tensor.data[...] = self.backend.from_host(np.asarray(value)) if isinstance(value, np.ndarray) else value
+
+    # ----------------------------------------------------------------- modes and placement
+    def train(self, mode: bool = True) -> Operator:
+        for module in self.modules():
+            object.__setattr__(module, "training", mode)
+        return self
+
+    def eval(self) -> Operator:
+        return self.train(False)
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            from neuroflow.backends.selection import cpu_backend
+
+            return cpu_backend()
+        return self._backend
+
+    @property
+    def xp(self) -> Any:
+        """The array namespace of this operator's backend (numpy on cpu)."""
+        return np if self._backend is None else self._backend.xp
+
+    def to(self, backend: Backend) -> Operator:
+        """Move parameters and buffers to ``backend`` and run there from now on."""
+        for module in self.modules():
+            for tensor in list(module._parameters.values()) + list(module._buffers.values()):
+                host = module.backend.to_host(tensor.data)
+                tensor.data = backend.from_host(host)
+                if tensor.grad is not None:
+                    tensor.grad = backend.from_host(module.backend.to_host(tensor.grad))
+            object.__setattr__(module, "_backend", backend)
+            module._moved_to(backend)
+        return self
+
+    def _moved_to(self, backend: Backend) -> None:
+        """Called after this operator moved to ``backend``; ops drop backend-specific caches here."""
+
+    def astype(self, dtype: Any) -> Operator:
+        """Convert parameters and buffers to ``dtype`` (float64 for gradient checks)."""
+        for module in self.modules():
+            for tensor in list(module._parameters.values()) + list(module._buffers.values()):
+                tensor.data = tensor.data.astype(dtype)
+                if tensor.grad is not None:
+                    tensor.grad = tensor.grad.astype(dtype)
+        return self
+
+    def attach_pool(self, pool: BufferPool | None) -> None:
+        """Give this operator tree the buffer pool its forward/backward outputs come from."""
+        for module in self.modules():
+            object.__setattr__(module, "_pool", pool)
+
+    def zero_grad(self) -> None:
+        for tensor in self.trainable_parameters():
+            tensor.zero_grad()
+
+    # ----------------------------------------------------------------- helpers for subclasses
+    def buffer(self, key: str, shape: tuple[int, ...], dtype: Any) -> Any:
+        """An output or workspace array owned by this op; reused across steps when a pool is attached."""
+        if self._pool is None:
+            return self.xp.empty(shape, dtype)
+        return self._pool.get(self, key, shape, dtype)
+
+    def accumulate_grad(self, param: Tensor, value: Any) -> None:
+        """Add ``value`` into ``param.grad`` (allocating it at the first backward)."""
+        if not param.requires_grad:
+            return
+        if param.grad is None:
+            param.grad = value.copy() if value is not None else None
+        else:
+            param.grad += value
+
+    def check_input(self, x: Any, trailing: tuple[int, ...] | None = None, min_ndim: int = 1) -> None:
+        """Raise ShapeError naming this op unless ``x`` is a floating array ending in ``trailing``."""
+        shape = getattr(x, "shape", None)
+        if shape is None:
+            raise ShapeError(f"{self!r} got {type(x).__name__}; expected an array")
+        if len(shape) < min_ndim or (trailing is not None and tuple(shape[len(shape) - len(trailing):]) != trailing):
+            expected = "(*, " + ", ".join(map(str, trailing)) + ")" if trailing else f"{min_ndim}+ dimensions"
+            raise ShapeError(f"{self!r} got input of shape {tuple(shape)}; expected {expected}")
+        if x.dtype.kind != "f":
+            raise ShapeError(f"{self!r} got input of dtype {x.dtype}; expected a floating dtype (float32)")
+        params = self._parameters
+        if params:
+            pdtype = next(iter(params.values())).data.dtype
+            if x.dtype != pdtype:
+                raise ShapeError(f"{self!r} got input of dtype {x.dtype}; its parameters are {pdtype}")
+
+    def get_config(self) -> dict[str, Any]:
+        """Constructor arguments that rebuild this operator (saved in model files)."""
+        return {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

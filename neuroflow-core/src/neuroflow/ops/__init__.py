@@ -1,0 +1,28 @@
+"""Operators, resolved by name through the ``neuroflow_ops`` entry points.
+
+``ops.Linear`` is the core's; ``ops.Conv2d`` is found once neuroflow-ops-vision
+is installed, without importing it here. A missing op names the distribution
+that provides it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    from neuroflow import registry
+    from neuroflow.errors import UnknownNameError
+
+    try:
+        return registry.ops.get(name)
+    except UnknownNameError as exc:
+        raise AttributeError(str(exc)) from exc
+
+
+def __dir__() -> list[str]:
+    from neuroflow import registry
+
+    return registry.ops.names()

@@ -1,0 +1,170 @@
+"""Elementwise activations: ReLU, LeakyReLU, Sigmoid, Tanh, GELU.
+
+Each writes its output and its input gradient into op-owned buffers, so a
+steady-state step allocates nothing, and caches one array for backward.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from neuroflow.operator import MemoryDeclaration, Operator
+
+
+class _Elementwise(Operator):
+    """Shared plumbing: shape-preserving op that caches one array of the input's shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cache: Any = None
+
+    def forward(self, x: Any) -> Any:
+        self.check_input(x)
+        y = self.buffer("y", x.shape, x.dtype)
+        self._cache = self._forward(x, y)
+        return y
+
+    def backward(self, grad_out: Any) -> Any:
+        if self._cache is None:
+            raise RuntimeError(f"{self!r}.backward called before forward")
+        if grad_out.shape != self._cache.shape:
+            from neuroflow.errors import ShapeError
+
+            raise ShapeError(f"{self!r}.backward got gradient of shape {grad_out.shape}; expected {self._cache.shape}")
+        gx = self.buffer("gx", grad_out.shape, grad_out.dtype)
+        self._backward(grad_out, gx)
+        return gx
+
+    def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
+        return MemoryDeclaration(input_shape, cached=[input_shape])
+
+    def _forward(self, x: Any, y: Any) -> Any:
+        """Write the activation of ``x`` into ``y``; return what backward needs."""
+        raise NotImplementedError
+
+    def _backward(self, g: Any, gx: Any) -> None:
+        """Write the input gradient for ``g`` into ``gx``."""
+        raise NotImplementedError
+
+
+class ReLU(_Elementwise):
+    """max(x, 0); caches its output (positive where the input was)."""
+
+    def _forward(self, x: Any, y: Any) -> Any:
+        self.xp.maximum(x, 0, out=y)
+        return y
+
+    def _backward(self, g: Any, gx: Any) -> None:
+        xp = self.xp
+        mask = self.buffer("mask", g.shape, bool)
+        xp.greater(self._cache, 0, out=mask)
+        xp.multiply(g, mask, out=gx)
+
+
+class LeakyReLU(_Elementwise):
+    """x for x > 0, ``negative_slope`` · x otherwise."""
+
+    def __init__(self, negative_slope: float = 0.01) -> None:
+        super().__init__()
+        self.negative_slope = float(negative_slope)
+
+    def _forward(self, x: Any, y: Any) -> Any:
+        xp = self.xp
+        xp.multiply(x, self.negative_slope, out=y)
+        xp.maximum(x, y, out=y) if self.negative_slope <= 1 else xp.minimum(x, y, out=y)
+        return x
+
+    def _backward(self, g: Any, gx: Any) -> None:
+        xp = self.xp
+        slope = self.buffer("slope", g.shape, g.dtype)
+        xp.greater(self._cache, 0, out=slope)
+        slope *= 1.0 - self.negative_slope
+        slope += self.negative_slope
+        xp.multiply(g, slope, out=gx)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"negative_slope": self.negative_slope}
+
+    def __repr__(self) -> str:
+        return f"LeakyReLU({self.negative_slope})"
+
+
+class Sigmoid(_Elementwise):
+    """1 / (1 + e⁻ˣ), computed as ½(1 + tanh(x/2)) so it never overflows."""
+
+    def _forward(self, x: Any, y: Any) -> Any:
+        xp = self.xp
+        xp.multiply(x, 0.5, out=y)
+        xp.tanh(y, out=y)
+        y += 1.0
+        y *= 0.5
+        return y
+
+    def _backward(self, g: Any, gx: Any) -> None:
+        y = self._cache
+        self.xp.subtract(1.0, y, out=gx)
+        gx *= y
+        gx *= g
+
+
+class Tanh(_Elementwise):
+    """Hyperbolic tangent; caches its output."""
+
+    def _forward(self, x: Any, y: Any) -> Any:
+        self.xp.tanh(x, out=y)
+        return y
+
+    def _backward(self, g: Any, gx: Any) -> None:
+        y = self._cache
+        self.xp.multiply(y, y, out=gx)
+        self.xp.subtract(1.0, gx, out=gx)
+        gx *= g
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+class GELU(_Elementwise):
+    """Gaussian error linear unit, tanh approximation (PyTorch's ``approximate='tanh'``).
+
+    ½x(1 + tanh(√(2/π)(x + 0.044715x³))); caches the input.
+    """
+
+    def _forward(self, x: Any, y: Any) -> Any:
+        xp = self.xp
+        t = self.buffer("t", x.shape, x.dtype)
+        xp.multiply(x, x, out=t)
+        t *= 0.044715
+        t += 1.0
+        t *= x
+        t *= _SQRT_2_OVER_PI
+        xp.tanh(t, out=t)
+        xp.add(t, 1.0, out=y)
+        y *= x
+        y *= 0.5
+        return x
+
+    def _backward(self, g: Any, gx: Any) -> None:
+        xp = self.xp
+        x = self._cache
+        t = self.buffer("t", x.shape, x.dtype)
+        u = self.buffer("u", x.shape, x.dtype)
+        # d/dx = ½(1+tanh(k)) + ½x(1-tanh²(k))·√(2/π)(1+3·0.044715x²), k = √(2/π)(x+0.044715x³)
+        xp.multiply(x, x, out=u)
+        xp.multiply(u, 0.044715, out=t)
+        t += 1.0
+        t *= x
+        t *= _SQRT_2_OVER_PI
+        xp.tanh(t, out=t)
+        u *= 3 * 0.044715
+        u += 1.0
+        u *= _SQRT_2_OVER_PI
+        u *= x
+        xp.multiply(t, t, out=gx)
+        xp.subtract(1.0, gx, out=gx)
+        gx *= u
+        gx += t
+        gx += 1.0
+        gx *= 0.5
+        gx *= g

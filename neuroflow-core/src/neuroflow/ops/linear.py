@@ -1,0 +1,79 @@
+"""Linear: y = x Wᵀ + b over the last dimension."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from neuroflow import random
+from neuroflow.operator import MemoryDeclaration, Operator
+from neuroflow.errors import ShapeError
+from neuroflow.tensor import Tensor
+
+
+class Linear(Operator):
+    """Fully connected layer: ``weight`` (out, in), ``bias`` (out), as in PyTorch.
+
+    Example::
+
+        layer = Linear(784, 128)
+        y = layer.forward(x)        # x: (batch, 784) -> y: (batch, 128)
+        gx = layer.backward(gy)     # fills layer.weight.grad and layer.bias.grad
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: Any = np.float32) -> None:
+        super().__init__()
+        if in_features <= 0 or out_features <= 0:
+            raise ValueError(f"Linear needs positive sizes; got in={in_features}, out={out_features}")
+        self.in_features, self.out_features, self.has_bias = int(in_features), int(out_features), bool(bias)
+        bound = 1.0 / math.sqrt(in_features)
+        rng = random.generator()
+        self.weight = Tensor(rng.uniform(-bound, bound, (out_features, in_features)).astype(dtype), requires_grad=True)
+        if bias:
+            self.bias = Tensor(rng.uniform(-bound, bound, out_features).astype(dtype), requires_grad=True)
+        self._x: Any = None
+
+    def forward(self, x: Any) -> Any:
+        self.check_input(x, (self.in_features,))
+        xp = self.xp
+        x2 = x.reshape(-1, self.in_features)
+        y = self.buffer("y", (x2.shape[0], self.out_features), x.dtype)
+        xp.matmul(x2, self.weight.data.T, out=y)
+        if self.has_bias:
+            y += self.bias.data
+        self._x = x2
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def backward(self, grad_out: Any) -> Any:
+        x2 = self._x
+        if x2 is None:
+            raise RuntimeError(f"{self!r}.backward called before forward")
+        xp = self.xp
+        g2 = grad_out.reshape(-1, self.out_features)
+        if g2.shape[0] != x2.shape[0]:
+            raise ShapeError(f"{self!r}.backward got gradient of shape {grad_out.shape}; forward batch was {x2.shape[0]}")
+        if self.weight.requires_grad:
+            gw = self.buffer("gw", self.weight.shape, x2.dtype)
+            xp.matmul(g2.T, x2, out=gw)
+            self.accumulate_grad(self.weight, gw)
+        if self.has_bias and self.bias.requires_grad:
+            gb = self.buffer("gb", self.bias.shape, x2.dtype)
+            xp.sum(g2, axis=0, out=gb)
+            self.accumulate_grad(self.bias, gb)
+        gx = self.buffer("gx", x2.shape, x2.dtype)
+        xp.matmul(g2, self.weight.data, out=gx)
+        return gx.reshape(*grad_out.shape[:-1], self.in_features)
+
+    def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
+        if tuple(input_shape[-1:]) != (self.in_features,):
+            raise ShapeError(f"{self!r} got input of shape {tuple(input_shape)}; expected (*, {self.in_features})")
+        out = (*input_shape[:-1], self.out_features)
+        return MemoryDeclaration(out, cached=[input_shape], workspace=[self.weight.shape])
+
+    def get_config(self) -> dict[str, Any]:
+        return {"in_features": self.in_features, "out_features": self.out_features, "bias": self.has_bias}
+
+    def __repr__(self) -> str:
+        return f"Linear({self.in_features}→{self.out_features})"

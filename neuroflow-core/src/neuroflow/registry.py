@@ -1,0 +1,121 @@
+"""Entry-point registries: backends, ops, allocators, models and plugins, loaded only when used."""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+from typing import Any
+
+from neuroflow.errors import PluginLoadError, UnknownNameError
+
+CORE_DISTRIBUTION = "neuroflow-core"
+
+#: Names this project knows about and the distribution that provides each, so
+#: an error can say what to install rather than only what is missing.
+KNOWN_PROVIDERS: dict[str, dict[str, str]] = {
+    "neuroflow_backends": {"cuda": "neuroflow-cuda", "opencl": "neuroflow-opencl"},
+    "neuroflow_ops": {
+        **{name: "neuroflow-ops-vision" for name in (
+            "Conv2d", "DepthwiseConv2d", "SeparableConv2d", "BatchNorm2d", "MaxPool2d", "AvgPool2d",
+            "GlobalAvgPool2d", "SqueezeExcite", "Upsample", "ChannelConcat",
+        )},
+        **{name: "neuroflow-ops-recurrent" for name in ("Elman", "WaveletElman", "GRU", "LSTM")},
+    },
+    "neuroflow_models": {"resnet18": "neuroflow-ops-vision", "neuroflow_cnn": "neuroflow-ops-vision"},
+    "neuroflow_allocators": {},
+    "neuroflow_plugins": {},
+}
+
+
+def autoload_disabled() -> bool:
+    """True when ``NEUROFLOW_DISABLE_PLUGIN_AUTOLOAD`` asks for the core's own entries only."""
+    return os.environ.get("NEUROFLOW_DISABLE_PLUGIN_AUTOLOAD", "") not in ("", "0", "false", "False")
+
+
+class Registry:
+    """One entry-point group: names are read from metadata; an entry is imported on first ``get``."""
+
+    def __init__(self, group: str, kind: str) -> None:
+        self.group = group
+        self.kind = kind
+        self._entry_points: dict[str, metadata.EntryPoint] | None = None
+        self._loaded: dict[str, Any] = {}
+        self._local: dict[str, Any] = {}
+        self.failures: dict[str, str] = {}
+
+    def _discover(self) -> dict[str, metadata.EntryPoint]:
+        if self._entry_points is None:
+            found: dict[str, metadata.EntryPoint] = {}
+            disabled = autoload_disabled()
+            for ep in metadata.entry_points(group=self.group):
+                dist = ep.dist.name if ep.dist is not None else None
+                if disabled and dist != CORE_DISTRIBUTION:
+                    continue
+                found.setdefault(ep.name, ep)
+            self._entry_points = found
+        return self._entry_points
+
+    def register(self, name: str, obj: Any) -> None:
+        """Add an entry at run time (tests, notebooks); it shadows an entry point of the same name."""
+        self._local[name] = obj
+
+    def unregister(self, name: str) -> None:
+        self._local.pop(name, None)
+        self._loaded.pop(name, None)
+
+    def names(self) -> list[str]:
+        return sorted(set(self._discover()) | set(self._local))
+
+    def distribution(self, name: str) -> str | None:
+        ep = self._discover().get(name)
+        return ep.dist.name if ep is not None and ep.dist is not None else None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._local or name in self._discover()
+
+    def get(self, name: str) -> Any:
+        """The object registered under ``name``, importing its distribution on first use."""
+        if name in self._local:
+            return self._local[name]
+        if name in self._loaded:
+            return self._loaded[name]
+        ep = self._discover().get(name)
+        if ep is None:
+            provider = KNOWN_PROVIDERS.get(self.group, {}).get(name)
+            available = [n for n in self.names() if n not in self.failures]
+            raise UnknownNameError(self.kind, name, available, provider)
+        try:
+            obj = ep.load()
+        except Exception as exc:  # a broken plugin must not break the caller's import
+            dist = ep.dist.name if ep.dist is not None else "?"
+            self.failures[name] = f"{type(exc).__name__}: {exc}"
+            raise PluginLoadError(
+                f"{self.kind} {name!r} from {dist} failed to load: {type(exc).__name__}: {exc}"
+            ) from exc
+        self._loaded[name] = obj
+        return obj
+
+    def load_all(self) -> dict[str, Any]:
+        """Import every entry, recording failures instead of raising (used by ``neuroflow plugins``)."""
+        loaded = {}
+        for name in self.names():
+            try:
+                loaded[name] = self.get(name)
+            except PluginLoadError:
+                continue
+        return loaded
+
+    def reset(self) -> None:
+        """Forget discovered and loaded entries (tests that fake entry points call this)."""
+        self._entry_points = None
+        self._loaded.clear()
+        self.failures.clear()
+
+
+backends = Registry("neuroflow_backends", "backend")
+ops = Registry("neuroflow_ops", "op")
+allocators = Registry("neuroflow_allocators", "allocator")
+models = Registry("neuroflow_models", "model")
+plugins = Registry("neuroflow_plugins", "plugin")
+
+ALL = (backends, ops, allocators, models, plugins)
