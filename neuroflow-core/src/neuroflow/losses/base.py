@@ -35,5 +35,9 @@ class Loss:
     def attach_pool(self, pool: BufferPool | None) -> None:
         self._pool = pool
 
+    def predictions(self, output: Any) -> Any:
+        """What ``Trainer.predict`` returns for a model output (the output itself by default)."""
+        return output
+
     def get_config(self) -> dict[str, Any]:
         return {}

@@ -75,5 +75,13 @@ class CrossEntropy(Loss):
         g *= scale / max(n, 1)
         return g
 
+    def predictions(self, output: Any) -> Any:
+        """Class probabilities: the softmax of the logits."""
+        xp = np if isinstance(output, np.ndarray) else _namespace(output)
+        z = output - output.max(axis=1, keepdims=True)
+        xp.exp(z, out=z)
+        z /= z.sum(axis=1, keepdims=True)
+        return z
+
     def get_config(self) -> dict[str, Any]:
         return {"label_smoothing": self.label_smoothing}

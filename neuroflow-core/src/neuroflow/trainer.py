@@ -1,0 +1,326 @@
+"""Trainer: fits a model with a loss and an optimizer on one backend, step by explicit step."""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from neuroflow import debug as debug_checks
+from neuroflow.backends.selection import get_backend
+from neuroflow.errors import ConfigError, NonFiniteLossError
+from neuroflow.history import History
+from neuroflow.losses.base import Loss
+from neuroflow.losses.cross_entropy import CrossEntropy
+from neuroflow.memory.buffers import BufferPool
+from neuroflow.memory.flat import FlatParameters
+from neuroflow.operator import Operator
+from neuroflow.progress import EpochProgress, print_epoch_metrics
+
+
+class Trainer:
+    """Trains ``model`` by minimising ``loss`` with ``optimizer`` on ``device``.
+
+    ``batch_size`` is the micro-batch run at once; with
+    ``gradient_accumulation_steps=k`` an optimisation step accumulates k
+    micro-batches, which gives exactly the update of one batch of
+    ``batch_size × k``. Parameters and their gradients live in one flat
+    buffer each; every op's outputs come from a buffer pool, so after the
+    first step a training step allocates no new arrays.
+    """
+
+    def __init__(
+        self,
+        model: Operator,
+        loss: Loss | None = None,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        *,
+        device: Any = None,
+        batch_size: int = 64,
+        gradient_accumulation_steps: int = 1,
+        clip_grad_norm: float | None = None,
+        seed: int | None = None,
+        shuffle: bool = True,
+        debug: bool = False,
+        progress: bool = True,
+        allocator: str | None = None,
+    ) -> None:
+        if not isinstance(model, Operator):
+            raise TypeError(f"Trainer needs an Operator model; got {type(model).__name__}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive integer; got {batch_size!r}")
+        if not isinstance(gradient_accumulation_steps, int) or gradient_accumulation_steps < 1:
+            raise ConfigError(f"gradient_accumulation_steps must be a positive integer; got {gradient_accumulation_steps!r}")
+        if clip_grad_norm is not None and not clip_grad_norm > 0:
+            raise ConfigError(f"clip_grad_norm must be positive; got {clip_grad_norm!r}")
+        from neuroflow import optim, random
+
+        self.model = model
+        self.loss = loss if loss is not None else CrossEntropy()
+        self.optimizer = optimizer if optimizer is not None else optim.AdamW(lr=1e-3)
+        self.scheduler = scheduler
+        self.backend = get_backend(device)
+        self.batch_size = batch_size
+        self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.clip_grad_norm = clip_grad_norm
+        self.seed = random.child_seed() if seed is None else int(seed)
+        self.shuffle = shuffle
+        self.progress = progress
+        self.step = 0
+        self.epoch = 0
+        self.history = History()
+        self.last_grad_norm: float | None = None
+        if debug:
+            debug_checks.set_enabled(True)
+        if allocator is not None:
+            from neuroflow import registry
+
+            self.backend.use_allocator(registry.allocators.get(allocator)(self.backend.xp))
+        self._flat: FlatParameters | None = None
+        self._pool: BufferPool | None = None
+        self._stop_requested = False
+        self._classification = isinstance(self.loss, CrossEntropy)
+
+    # ------------------------------------------------------------------ setup
+    def _ensure_ready(self) -> None:
+        """Place the model on the backend, pack parameters and bind the optimizer (once)."""
+        params = self.model.trainable_parameters()
+        if self._flat is not None and self._flat.owns(params):
+            return
+        if self.model._backend is not self.backend:
+            self.model.to(self.backend)
+            params = self.model.trainable_parameters()
+        self._flat = FlatParameters(params, self.backend.xp)
+        self.optimizer.bind(self._flat)
+        self._pool = BufferPool(self.backend.allocator)
+        self.model.attach_pool(self._pool)
+        self.loss.attach_pool(self._pool)
+
+    @property
+    def flat_parameters(self) -> FlatParameters:
+        """The flat parameter and gradient buffers the optimizer updates."""
+        self._ensure_ready()
+        if self._flat is None:  # pragma: no cover - _ensure_ready always sets it
+            raise RuntimeError("trainer is not set up")
+        return self._flat
+
+    # ------------------------------------------------------------------ steps
+    def train_step(self, x: Any, y: Any) -> float:
+        """One optimisation step on host arrays ``x``, ``y``; returns the mean loss.
+
+        With ``gradient_accumulation_steps=k`` the batch is split into k
+        micro-batches whose gradients add up to the whole batch's.
+        """
+        x, y = np.asarray(x), np.asarray(y)
+        if len(x) != len(y):
+            raise ConfigError(f"train_step got {len(x)} inputs and {len(y)} targets")
+        if len(x) == 0:
+            raise ConfigError("train_step got an empty batch")
+        k = min(self.gradient_accumulation_steps, len(x))
+        bounds = np.linspace(0, len(x), k + 1).astype(int)
+        micro = [(x[a:b], y[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        loss, _ = self._optimisation_step(micro)
+        return loss
+
+    def _optimisation_step(self, micro_batches: list[tuple[Any, Any]]) -> tuple[float, int]:
+        self._ensure_ready()
+        flat, backend, model, loss_fn = self._flat, self.backend, self.model, self.loss
+        if flat is None:  # pragma: no cover
+            raise RuntimeError("trainer is not set up")
+        model.train()
+        total = sum(len(x) for x, _ in micro_batches)
+        flat.zero_grad()
+        loss_sum = 0.0
+        correct = 0
+        for x, y in micro_batches:
+            xd, yd = backend.from_host(x), backend.from_host(y)
+            out = model.forward(xd)
+            value = loss_fn.forward(out, yd)
+            if not math.isfinite(value):
+                raise NonFiniteLossError(self.step + 1, value, self._first_nonfinite_layer(xd))
+            if self._classification:
+                correct += int((out.argmax(axis=1) == yd).sum())
+            model.backward(loss_fn.backward(scale=len(x) / total))
+            loss_sum += value * len(x)
+        if self.clip_grad_norm is not None:
+            from neuroflow.optim.clip import clip_grad_norm
+
+            self.last_grad_norm = clip_grad_norm(flat.grad, self.clip_grad_norm)
+        lr = self.scheduler.lr(self.step) if self.scheduler is not None else None
+        self.optimizer.step(lr)
+        self.step += 1
+        mean_loss = loss_sum / total
+        self._hooks().neuroflow_step_end(trainer=self, step=self.step, loss=mean_loss)
+        return mean_loss, correct
+
+    def _first_nonfinite_layer(self, x: Any) -> str | None:
+        """Re-run the forward layer by layer to name the first layer whose output is not finite."""
+        xp = self.backend.xp
+        layers = getattr(self.model, "layers", None)
+        if not layers:
+            return None
+        h = x
+        for i, layer in enumerate(layers):
+            h = layer.forward(h)
+            if not bool(xp.isfinite(h).all()):
+                return f"{i} ({layer!r})"
+        return None
+
+    # ------------------------------------------------------------------ loops
+    def fit(self, data: Any, epochs: int = 1, val_data: Any = None) -> History:
+        """Train for ``epochs`` over ``data``; returns the per-epoch History.
+
+        ``data`` is a dataset, an ``(x, y)`` pair of arrays, or a DataLoader.
+        Ctrl-C stops cleanly after the current step (``history.interrupted``).
+        """
+        if not isinstance(epochs, int) or epochs < 1:
+            raise ConfigError(f"epochs must be a positive integer; got {epochs!r}")
+        loader = self._loader(data, shuffle=self.shuffle)
+        k = self.gradient_accumulation_steps
+        steps_per_epoch = math.ceil(len(loader) / k)
+        if steps_per_epoch == 0:
+            raise ConfigError("the training data is empty")
+        self._ensure_ready()
+        if self.scheduler is not None:
+            self.scheduler.bind(self.optimizer.lr, steps_per_epoch, steps_per_epoch * (self.epoch + epochs))
+        hooks = self._hooks()
+        hooks.neuroflow_train_start(trainer=self)
+        self._stop_requested = False
+        previous_handler = self._install_interrupt_handler()
+        try:
+            for _ in range(epochs):
+                self.epoch += 1
+                metrics = self._train_epoch(loader, steps_per_epoch, epochs)
+                if val_data is not None and not self._stop_requested:
+                    val = self.evaluate(val_data)
+                    metrics.update({f"val_{key}": value for key, value in val.items()})
+                hooks.neuroflow_epoch_end(trainer=self, epoch=self.epoch, metrics=metrics)
+                self.history.append(metrics)
+                if self.progress:
+                    print_epoch_metrics(self.epoch, epochs, metrics)
+                if self._stop_requested:
+                    self.history.interrupted = True
+                    break
+        finally:
+            self._restore_interrupt_handler(previous_handler)
+            hooks.neuroflow_train_end(trainer=self, history=self.history)
+        return self.history
+
+    def _train_epoch(self, loader: Any, steps: int, epochs: int) -> dict[str, float]:
+        start = time.perf_counter()
+        bar = EpochProgress(self.epoch, epochs, steps, enabled=self.progress)
+        k = self.gradient_accumulation_steps
+        loss_sum, correct, seen = 0.0, 0, 0
+        window: list[tuple[Any, Any]] = []
+        batches = iter(loader)
+        try:
+            for x, y in batches:
+                window.append((x, y))
+                if len(window) < k:
+                    continue
+                loss, hits = self._optimisation_step(window)
+                n = sum(len(b[0]) for b in window)
+                loss_sum, correct, seen = loss_sum + loss * n, correct + hits, seen + n
+                window = []
+                bar.update(loss)
+                if self._stop_requested:
+                    break
+            if window and not self._stop_requested:
+                loss, hits = self._optimisation_step(window)
+                n = sum(len(b[0]) for b in window)
+                loss_sum, correct, seen = loss_sum + loss * n, correct + hits, seen + n
+                bar.update(loss)
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+            bar.close()
+        metrics: dict[str, float] = {"epoch": self.epoch, "loss": loss_sum / max(seen, 1)}
+        if self._classification:
+            metrics["accuracy"] = correct / max(seen, 1)
+        if self.scheduler is not None:
+            metrics["lr"] = float(self.scheduler.lr(max(self.step - 1, 0)))
+        metrics["time_s"] = time.perf_counter() - start
+        return metrics
+
+    def evaluate(self, data: Any) -> dict[str, float]:
+        """Mean loss (and accuracy for classification) over ``data`` in eval mode."""
+        self._ensure_ready()
+        loader = self._loader(data, shuffle=False)
+        model, backend = self.model, self.backend
+        was_training = model.training
+        model.eval()
+        loss_sum, correct, seen = 0.0, 0, 0
+        try:
+            for x, y in loader:
+                xd, yd = backend.from_host(x), backend.from_host(y)
+                out = model.forward(xd)
+                loss_sum += self.loss.forward(out, yd) * len(x)
+                if self._classification:
+                    correct += int((out.argmax(axis=1) == yd).sum())
+                seen += len(x)
+        finally:
+            model.train(was_training)
+        if seen == 0:
+            raise ConfigError("evaluate got no data")
+        metrics = {"loss": loss_sum / seen}
+        if self._classification:
+            metrics["accuracy"] = correct / seen
+        return metrics
+
+    def predict(self, x: Any) -> np.ndarray:
+        """Model outputs for host array ``x`` as a host array (class probabilities for CrossEntropy)."""
+        self._ensure_ready()
+        x = np.asarray(x)
+        model, backend = self.model, self.backend
+        was_training = model.training
+        model.eval()
+        parts = []
+        try:
+            for start in range(0, len(x), self.batch_size):
+                out = model.forward(backend.from_host(x[start:start + self.batch_size]))
+                parts.append(np.array(backend.to_host(self.loss.predictions(out)), copy=True))
+        finally:
+            model.train(was_training)
+        if not parts:
+            raise ConfigError("predict got an empty batch")
+        return np.concatenate(parts)
+
+    # ------------------------------------------------------------------ plumbing
+    def _loader(self, data: Any, shuffle: bool) -> Any:
+        from neuroflow.data import DataLoader, as_dataset
+
+        if isinstance(data, DataLoader):
+            return data
+        return DataLoader(as_dataset(data), batch_size=self.batch_size, shuffle=shuffle, seed=self.seed)
+
+    @staticmethod
+    def _hooks() -> Any:
+        from neuroflow.plugins import plugin_manager
+
+        return plugin_manager().hook
+
+    def request_stop(self) -> None:
+        """Ask ``fit`` to stop after the current step (what Ctrl-C does)."""
+        self._stop_requested = True
+
+    def _install_interrupt_handler(self) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def on_interrupt(signum: int, frame: Any) -> None:
+            if self._stop_requested:  # a second Ctrl-C aborts at once
+                raise KeyboardInterrupt
+            self._stop_requested = True
+
+        return signal.signal(signal.SIGINT, on_interrupt)
+
+    @staticmethod
+    def _restore_interrupt_handler(previous: Any) -> None:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
