@@ -163,9 +163,7 @@ def test_bad_calls():
 
 @pytest.mark.slow
 def test_mlp_reaches_97_percent_on_real_mnist_in_two_epochs():
-    train, test = nf.data.mnist("train"), nf.data.mnist("test")
-    mean, std = 0.1307, 0.3081  # MNIST pixel statistics
-    train, test = ((train.x - mean) / std, train.y), ((test.x - mean) / std, test.y)
+    train, test = nf.data.mnist("train", normalize=True), nf.data.mnist("test", normalize=True)
     nf.manual_seed(0)
     model = nf.Sequential(ops.Linear(784, 128), ops.ReLU(), ops.Linear(128, 64), ops.ReLU(), ops.Linear(64, 10))
     trainer = nf.Trainer(model, optimizer=nf.optim.AdamW(lr=2e-3), scheduler=nf.schedulers.Cosine(),

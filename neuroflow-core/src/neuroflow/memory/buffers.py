@@ -1,23 +1,38 @@
-"""BufferPool: per-operator output and workspace arrays that are allocated once and reused."""
+"""BufferPool: per-operator output and workspace arrays, allocated once (or planned) and reused."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from neuroflow.errors import OutOfMemoryError
+
 if TYPE_CHECKING:
     from neuroflow.allocators.base import Allocator
+    from neuroflow.memory.planner import Plan
 
 
 class BufferPool:
     """Hands each (operator, key) the same array every step, so a steady-state step allocates nothing.
 
-    A request with a smaller leading dimension than the held buffer (the last,
-    short batch of an epoch) gets a leading slice of it, not a new array.
+    With a ``plan``, every traced buffer is a view at its planned offset of
+    the allocator's arena, so buffers whose lifetimes never overlap share
+    memory. A request with a smaller leading dimension than the held buffer
+    (the last, short batch of an epoch) gets a leading slice of it; a larger
+    or unforeseen request is allocated once through the allocator and kept.
     """
 
-    def __init__(self, allocator: Allocator) -> None:
+    tracing = False
+
+    def __init__(self, allocator: Allocator, plan: Plan | None = None, strict: bool = False) -> None:
         self.allocator = allocator
+        self.plan = plan
+        self.strict = strict
         self._held: dict[tuple[int, str], Any] = {}
+        self._extra: list[Any] = []
+        if plan is not None:
+            view = allocator.view  # type: ignore[attr-defined]
+            for slot in plan.slots:
+                self._held[(id(slot.owner), slot.key)] = view(slot.offset, slot.shape, slot.dtype)
 
     def get(self, owner: object, key: str, shape: tuple[int, ...], dtype: Any) -> Any:
         slot = (id(owner), key)
@@ -27,9 +42,27 @@ class BufferPool:
                 return held
             if held.ndim == len(shape) and held.shape[1:] == shape[1:] and held.shape[0] >= shape[0]:
                 return held[: shape[0]]
-        array = self.allocator.allocate(shape, dtype)
+        if held is not None and held.base is not None and self.plan is None:
+            self.allocator.free(held)
+        try:
+            array = self.allocator.allocate(shape, dtype)
+        except OutOfMemoryError:
+            if self.strict:  # a budget or pool size was set: never grow past it
+                raise
+            array = self.allocator.xp.empty(shape, dtype)
+            self.allocator._count(int(array.nbytes))
         self._held[slot] = array
         return array
+
+    # Lifetime events matter only while tracing; a planned pool ignores them.
+    def handoff(self, consumed: Any, produced: Any, owner: Any) -> None:
+        pass
+
+    def release(self, array: Any) -> None:
+        pass
+
+    def done(self, owner: Any) -> None:
+        pass
 
     def clear(self) -> None:
         self._held.clear()

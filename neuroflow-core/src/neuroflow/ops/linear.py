@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from neuroflow import random
-from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow.errors import ShapeError
+from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow.tensor import Tensor
 
 
@@ -62,6 +62,8 @@ class Linear(Operator):
             gb = self.buffer("gb", self.bias.shape, x2.dtype)
             xp.sum(g2, axis=0, out=gb)
             self.accumulate_grad(self.bias, gb)
+        if not self.needs_input_grad:
+            return None
         gx = self.buffer("gx", x2.shape, x2.dtype)
         xp.matmul(g2, self.weight.data, out=gx)
         return gx.reshape(*grad_out.shape[:-1], self.in_features)

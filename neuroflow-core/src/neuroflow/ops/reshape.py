@@ -45,10 +45,14 @@ class Flatten(Operator):
 class Reshape(Operator):
     """Reshapes each sample to ``shape`` (the batch dimension is kept): (N, 784) → (N, 1, 28, 28)."""
 
-    def __init__(self, *shape: int) -> None:
+    def __init__(self, *dims: int, shape: tuple[int, ...] | list[int] | None = None) -> None:
         super().__init__()
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
+        if shape is not None and dims:
+            raise TypeError("Reshape takes the target shape either positionally or as shape=..., not both")
+        if shape is None:
+            shape = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        elif isinstance(shape, int):
+            shape = (shape,)
         if sum(1 for s in shape if s == -1) > 1 or any(s == 0 or s < -1 for s in shape):
             raise ValueError(f"Reshape target {shape} must have positive sizes and at most one -1")
         self.shape = tuple(int(s) for s in shape)

@@ -1,0 +1,105 @@
+"""``neuroflow doctor``: versions, platform, backends, plugins and data, for bug reports and setup checks.
+
+Every section is guarded: a broken plugin shows up as a line in the report,
+never as a crash of the report itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+from collections.abc import Callable
+from importlib import metadata
+
+from neuroflow import registry
+from neuroflow.cli.plugins import distribution, rows
+from neuroflow.cli.table import format_table
+
+HELP = "report versions, platform, backends (availability, devices), plugins and whether MNIST is found"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """``doctor`` takes no arguments."""
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _environment() -> list[list[str]]:
+    import neuroflow
+
+    return [
+        ["python", f"{platform.python_version()} ({sys.executable})"],
+        ["platform", platform.platform()],
+        ["cpu count", str(os.cpu_count())],
+        ["neuroflow", f"{neuroflow.__version__} (neuroflow-core {_version('neuroflow-core')})"],
+        *([name, _version(name)] for name in ("numpy", "pluggy", "tqdm", "safetensors")),
+        *([var, os.environ[var]] for var in ("NEUROFLOW_BACKEND", "NEUROFLOW_ALLOCATOR", "NEUROFLOW_DATA",
+                                             "NEUROFLOW_DISABLE_PLUGIN_AUTOLOAD") if var in os.environ),
+    ]
+
+
+def _backends() -> list[list[str]]:
+    table = []
+    for name in registry.backends.names():
+        where = distribution(registry.backends, name)
+        try:
+            cls = registry.backends.get(name)
+            if not cls.is_available():
+                table.append([name, where, "not available here"])
+                continue
+            facts = cls(0).describe()
+            table.append([name, where, "available", " ".join(f"{k}={v}" for k, v in facts.items())])
+        except Exception as exc:  # a backend plugin failing to import or probe is what doctor is for
+            table.append([name, where, f"FAILED: {type(exc).__name__}: {exc}"])
+    return table
+
+
+def _plugins() -> list[list[str]]:
+    from neuroflow.plugins import plugin_manager
+
+    plugin_manager()
+    table = []
+    for reg in registry.ALL:
+        entries = rows(reg)
+        failed = [f"{row[0]} ({row[2]})" for row in entries if row[2] != "ok"]
+        table.append([reg.group, f"{len(entries) - len(failed)} loaded", "; ".join(failed) or "no failures"])
+    return table
+
+
+def _data() -> list[list[str]]:
+    from neuroflow import data
+
+    table = []
+    for name in ("mnist", "fashion_mnist"):
+        try:
+            found = getattr(data, name)("test")
+            table.append([name, f"found ({len(found)} test samples)"])
+        except FileNotFoundError as exc:
+            hint = next((line for line in str(exc).splitlines() if line.startswith("To get them")), "")
+            table.append([name, f"not found. {hint}".strip()])
+    return table
+
+
+SECTIONS: list[tuple[str, Callable[[], list[list[str]]]]] = [
+    ("environment", _environment),
+    ("backends", _backends),
+    ("plugins", _plugins),
+    ("data", _data),
+]
+
+
+def run(args: argparse.Namespace) -> int:
+    for title, section in SECTIONS:
+        print(f"{title}:")
+        try:
+            print(format_table(section()) or "  (none)")
+        except Exception as exc:  # one broken section must not hide the others
+            print(f"  FAILED: {type(exc).__name__}: {exc}")
+    return 0

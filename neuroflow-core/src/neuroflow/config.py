@@ -1,0 +1,381 @@
+"""Training configuration files: TOML in, model, data and Trainer out.
+
+A config holds the Trainer's keyword arguments at the top level and one
+table per component::
+
+    epochs = 2
+    batch_size = 64
+
+    [model]
+    layers = [{type = "Linear", in_features = 784, out_features = 10}]
+
+    [data]
+    dataset = "mnist"
+
+    [optimizer]
+    type = "AdamW"
+    lr = 1e-3
+
+Relative paths (``[data] path/train/test``, ``[output] save``) are resolved
+against the directory of the config file. Every key is checked when the
+file is read: an unknown key or a value of the wrong type raises ConfigError
+naming the key, its table and what is valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from neuroflow.errors import ConfigError, NeuroFlowError, UnknownNameError
+from neuroflow.operator import Operator
+
+#: Top-level keys: the Trainer's keyword arguments, plus ``epochs`` for ``fit``.
+TRAINER_KEYS: dict[str, type] = {
+    "device": str,
+    "batch_size": int,
+    "epochs": int,
+    "gradient_accumulation_steps": int,
+    "clip_grad_norm": float,
+    "seed": int,
+    "shuffle": bool,
+    "debug": bool,
+    "allocator": str,
+    "enable_async_unload": bool,
+    "memory_pool_size_mb": float,
+    "memory_budget_mb": float,
+}
+#: Keys the memory runtime adds to the Trainer; passed on only when the Trainer accepts them.
+MEMORY_RUNTIME_KEYS = frozenset({"enable_async_unload", "memory_pool_size_mb", "memory_budget_mb"})
+TABLES = ("model", "data", "loss", "optimizer", "scheduler", "output")
+MODEL_KEYS: dict[str, type] = {"name": str, "layers": list, "input_shape": list}
+DATA_KEYS: dict[str, type] = {"dataset": str, "flat": bool, "normalize": bool, "path": str, "train": str, "test": str}
+DATASETS = ("mnist", "fashion_mnist")
+OUTPUT_KEYS: dict[str, type] = {"save": str, "quantize": str}
+
+#: Where ``type = ...`` of each component table is looked up, and the base classes that are not choices.
+COMPONENTS: dict[str, tuple[str, frozenset[str]]] = {
+    "loss": ("neuroflow.losses", frozenset({"Loss"})),
+    "optimizer": ("neuroflow.optim", frozenset({"Optimizer"})),
+    "scheduler": ("neuroflow.schedulers", frozenset({"Scheduler"})),
+}
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+               list: "an array", dict: "a table"}
+
+
+def _check_type(where: str, key: str, value: Any, expected: type) -> None:
+    """Raise ConfigError unless ``value`` is a TOML value of ``expected`` (an integer is a valid number)."""
+    if expected is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    elif expected is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, expected)
+    if not ok:
+        raise ConfigError(f"{where}: {key!r} must be {_TYPE_NAMES[expected]}; got {value!r}")
+
+
+def _check_keys(where: str, table: dict[str, Any], valid: dict[str, type]) -> None:
+    for key, value in table.items():
+        if key not in valid:
+            raise ConfigError(f"unknown key {key!r} in {where}; valid keys: {', '.join(valid)}")
+        _check_type(where, key, value, valid[key])
+
+
+def _simple_type(hint: Any) -> type | None:
+    """The one scalar type a parameter annotation asks for (``int``, ``float | None`` → float), else None."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _simple_type(args[0]) if len(args) == 1 else None
+    return hint if hint in (int, float, bool, str) else None
+
+
+def _call(where: str, factory: Any, kwargs: dict[str, Any]) -> Any:
+    """``factory(**kwargs)`` after checking the keys and scalar types against its signature.
+
+    A ``*args`` parameter is given as an array under its name: ``Reshape(*shape)`` takes ``shape = [1, 28, 28]``.
+    """
+    args: list[Any] = []
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = None
+    if params is not None:
+        kwargs = dict(kwargs)
+        named = [p for p in params.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        star = next((p.name for p in params.values() if p.kind is p.VAR_POSITIONAL), None)
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        valid = ["type", *(p.name for p in named), *([star] if star else [])]
+        for key in kwargs:
+            if key not in valid and not takes_any:
+                raise ConfigError(f"unknown key {key!r} in {where}; valid keys: {', '.join(valid)}")
+        if star is not None and star in kwargs:
+            _check_type(where, star, kwargs[star], list)
+            args = kwargs.pop(star)
+        try:
+            target = factory.__init__ if inspect.isclass(factory) else factory
+            hints = typing.get_type_hints(target)
+        except Exception:  # annotations naming types that only exist for type checkers
+            hints = {}
+        for key, value in kwargs.items():
+            expected = _simple_type(hints.get(key))
+            if expected is not None:
+                _check_type(where, key, value, expected)
+        missing = [p.name for p in named if p.default is p.empty and p.name not in kwargs]
+        if missing:
+            raise ConfigError(f"{where}: missing required key(s) {', '.join(map(repr, missing))}")
+    try:
+        return factory(*args, **kwargs)
+    except (NeuroFlowError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def match_name(name: str, available: list[str]) -> str | None:
+    """``name`` itself, or the one available name equal to it ignoring case."""
+    if name in available:
+        return name
+    matches = [a for a in available if a.lower() == name.lower()]
+    return matches[0] if len(matches) == 1 else None
+
+
+@dataclass
+class Config:
+    """A validated training configuration; ``build_*`` turn it into live objects."""
+
+    trainer: dict[str, Any] = field(default_factory=dict)
+    epochs: int = 1
+    model: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] | None = None
+    loss: dict[str, Any] | None = None
+    optimizer: dict[str, Any] | None = None
+    scheduler: dict[str, Any] | None = None
+    output: dict[str, Any] | None = None
+    source: Path | None = None
+
+    # ------------------------------------------------------------------ reading
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: Path | None = None) -> Config:
+        """Validate a parsed TOML document; raises ConfigError on any unknown key or wrong type."""
+        trainer: dict[str, Any] = {}
+        tables: dict[str, dict[str, Any]] = {}
+        for key, value in raw.items():
+            if key in TABLES:
+                _check_type("the config", key, value, dict)
+                tables[key] = dict(value)
+            elif key in TRAINER_KEYS:
+                _check_type("the top level", key, value, TRAINER_KEYS[key])
+                trainer[key] = value
+            else:
+                valid = [*TRAINER_KEYS, *(f"[{t}]" for t in TABLES)]
+                raise ConfigError(f"unknown key {key!r} at the top level; valid keys: {', '.join(valid)}")
+        epochs = trainer.pop("epochs", 1)
+        model = tables.get("model")
+        if model is None:
+            raise ConfigError("the config has no [model] table; give [model] name = ... or [model] layers = [...]")
+        cls._check_model(model)
+        if "data" in tables:
+            cls._check_data(tables["data"])
+        if "output" in tables:
+            _check_keys("[output]", tables["output"], OUTPUT_KEYS)
+        for name in COMPONENTS:
+            if name in tables and not isinstance(tables[name].get("type"), str):
+                raise ConfigError(f"[{name}] needs type = \"...\" (a string); got {tables[name].get('type')!r}")
+        return cls(trainer=trainer, epochs=epochs, model=model, data=tables.get("data"), loss=tables.get("loss"),
+                   optimizer=tables.get("optimizer"), scheduler=tables.get("scheduler"),
+                   output=tables.get("output"), source=source)
+
+    @staticmethod
+    def _check_model(model: dict[str, Any]) -> None:
+        if ("name" in model) == ("layers" in model):
+            raise ConfigError("[model] needs exactly one of name = \"<registered model>\" and layers = [...]")
+        if "layers" in model:
+            _check_keys("[model]", model, MODEL_KEYS)
+            if not model["layers"]:
+                raise ConfigError("[model] layers is empty; list at least one {type = \"...\"} table")
+            for i, layer in enumerate(model["layers"]):
+                if not isinstance(layer, dict) or not isinstance(layer.get("type"), str):
+                    raise ConfigError(f"[model] layers[{i}] must be a table with type = \"<op name>\"; got {layer!r}")
+        else:
+            _check_type("[model]", "name", model["name"], str)
+        shape = model.get("input_shape")
+        if shape is not None and not (isinstance(shape, list) and shape
+                                      and all(isinstance(s, int) and not isinstance(s, bool) and s > 0
+                                              for s in shape)):
+            raise ConfigError(f"[model]: 'input_shape' must be an array of positive integers (one sample); got {shape!r}")
+
+    @staticmethod
+    def _check_data(data: dict[str, Any]) -> None:
+        _check_keys("[data]", data, DATA_KEYS)
+        if ("dataset" in data) == ("train" in data):
+            raise ConfigError("[data] needs exactly one of dataset = \"mnist\" and train = \"<file>.npz\"")
+        if "dataset" in data and data["dataset"] not in DATASETS:
+            raise ConfigError(f"[data] dataset {data['dataset']!r} is unknown; valid: {', '.join(DATASETS)}")
+        if "train" in data and {"flat", "path", "normalize"} & data.keys():
+            raise ConfigError("[data] 'flat', 'normalize' and 'path' go with dataset = ...; .npz files are used as they are")
+        if "dataset" in data and "test" in data:
+            raise ConfigError("[data] 'test' goes with train = \"<file>.npz\"; a dataset brings its own test split")
+
+    def with_overrides(self, **changes: Any) -> Config:
+        """A copy with top-level keys replaced (command-line flags); None values are ignored."""
+        trainer, epochs = dict(self.trainer), self.epochs
+        for key, value in changes.items():
+            if value is None:
+                continue
+            if key not in TRAINER_KEYS:
+                raise ConfigError(f"unknown key {key!r}; valid keys: {', '.join(TRAINER_KEYS)}")
+            _check_type("the command line", key, value, TRAINER_KEYS[key])
+            if key == "epochs":
+                epochs = value
+            else:
+                trainer[key] = value
+        return dataclasses.replace(self, trainer=trainer, epochs=epochs)
+
+    def path(self, value: str) -> Path:
+        """``value`` as a path, relative ones taken from the config file's directory."""
+        path = Path(value).expanduser()
+        if not path.is_absolute() and self.source is not None:
+            path = self.source.parent / path
+        return path
+
+    @property
+    def input_shape(self) -> tuple[int, ...] | None:
+        """The shape of one sample as ``[model] input_shape`` gives it, if it does."""
+        shape = self.model.get("input_shape")
+        return None if shape is None else tuple(shape)
+
+    # ------------------------------------------------------------------ building
+    def build_model(self) -> Operator:
+        """The model: a registered builder called with its keys, or a Sequential of the listed layers."""
+        from neuroflow import random, registry
+        from neuroflow.composites import Sequential
+
+        if "seed" in self.trainer:
+            random.manual_seed(self.trainer["seed"])
+        if "name" in self.model:
+            kwargs = {k: v for k, v in self.model.items() if k not in ("name", "input_shape")}
+            try:
+                builder = registry.models.get(self.model["name"])
+            except NeuroFlowError as exc:
+                raise ConfigError(f"[model] name: {exc}") from exc
+            model = _call(f"[model] ({self.model['name']})", builder, kwargs)
+            if not isinstance(model, Operator):
+                raise ConfigError(f"model builder {self.model['name']!r} returned {type(model).__name__}, not an Operator")
+            return model
+        layers = []
+        for i, spec in enumerate(self.model["layers"]):
+            where = f"[model] layers[{i}]"
+            try:
+                name = match_name(spec["type"], registry.ops.names()) or spec["type"]
+                cls = registry.ops.get(name)
+            except NeuroFlowError as exc:
+                raise ConfigError(f"{where}: {exc}") from exc
+            layers.append(_call(f"{where} ({name})", cls, {k: v for k, v in spec.items() if k != "type"}))
+        return Sequential(*layers)
+
+    def build_loss(self) -> Any:
+        """The ``[loss]`` object, or None to let the Trainer use CrossEntropy."""
+        return self._component("loss")
+
+    def _component(self, table: str) -> Any:
+        spec = getattr(self, table)
+        if spec is None:
+            return None
+        module_name, bases = COMPONENTS[table]
+        module = importlib.import_module(module_name)
+        available = [n for n in getattr(module, "__all__", dir(module))
+                     if inspect.isclass(getattr(module, n, None)) and n not in bases]
+        name = match_name(spec["type"], available)
+        if name is None:
+            raise UnknownNameError(f"[{table}] type", spec["type"], available)
+        return _call(f"[{table}] ({name})", getattr(module, name), {k: v for k, v in spec.items() if k != "type"})
+
+    def build_trainer(self, model: Operator) -> Any:
+        """A Trainer for ``model`` with this config's loss, optimizer, scheduler and top-level keys."""
+        from neuroflow.trainer import Trainer
+
+        accepted = inspect.signature(Trainer).parameters
+        for key in self.trainer:
+            if key not in accepted:
+                if key in MEMORY_RUNTIME_KEYS:
+                    raise ConfigError(f"{key!r} requires the memory runtime, which this Trainer does not have; "
+                                      f"remove {key!r} from the config")
+                raise ConfigError(f"{key!r} is not an argument of this Trainer; remove it from the config")
+        loss, optimizer, scheduler = self.build_loss(), self._component("optimizer"), self._component("scheduler")
+        try:
+            return Trainer(model, loss=loss, optimizer=optimizer, scheduler=scheduler, **self.trainer)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(str(exc)) from exc
+
+    def build_data(self) -> tuple[Any, Any | None]:
+        """``(train, test)`` datasets; test is None when the config names none."""
+        if self.data is None:
+            raise ConfigError("the config has no [data] table; add dataset = \"mnist\" or train = \"<file>.npz\"")
+        if "dataset" in self.data:
+            from neuroflow import data
+
+            loader = getattr(data, self.data["dataset"])
+            kwargs: dict[str, Any] = {}
+            if "path" in self.data:
+                kwargs["path"] = self.path(self.data["path"])
+            if "flat" in self.data:
+                kwargs["flat"] = self.data["flat"]
+            if "normalize" in self.data:
+                kwargs["normalize"] = self.data["normalize"]
+            return loader("train", **kwargs), loader("test", **kwargs)
+        test = self.data.get("test")
+        return self._npz("train"), None if test is None else self._npz("test")
+
+    def _npz(self, key: str) -> Any:
+        from neuroflow.data import ArrayDataset
+
+        path = self.path(self.data[key]) if self.data else Path()
+        if not path.is_file():
+            raise ConfigError(f"[data] {key}: file {str(path)!r} not found")
+        try:
+            with np.load(path) as arrays:
+                found = list(arrays.files)
+                x, y = (arrays[k] if k in found else None for k in ("x", "y"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"[data] {key}: cannot read {path} as .npz: {exc}") from exc
+        if x is None or y is None:
+            raise ConfigError(f"[data] {key}: {path} must hold arrays 'x' and 'y'; it has: {', '.join(found) or 'none'}")
+        # Models are float32 unless told otherwise; integer images would fail every op's dtype check.
+        return ArrayDataset(x.astype(np.float32, copy=False) if x.dtype != np.float32 else x, y)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a TOML config file."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} not found") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    return Config.from_dict(raw, source=path.resolve())
+
+
+def resolve_model_config(spec: str) -> Config:
+    """A config from a TOML file, or from a registered model name (``resnet18``) when no such file exists."""
+    path = Path(spec)
+    if path.suffix == ".toml" or path.exists():
+        return load_config(path)
+    from neuroflow import registry
+
+    if spec not in registry.models:
+        raise UnknownNameError("model", spec, registry.models.names(),
+                               registry.KNOWN_PROVIDERS["neuroflow_models"].get(spec))
+    return Config(model={"name": spec})

@@ -1,0 +1,307 @@
+"""memory.profile: a model's training-step memory, per layer and at peak, before any training.
+
+The profile runs one forward/backward on zeros under a TracingPool (model
+state, RNGs and gradients are restored afterwards), places the traced
+buffers with the planner and adds the flat parameter, gradient and
+optimizer-state buffers. Traces at two small batch sizes give each buffer's
+size as a function of the batch, so the largest batch under a budget is found
+without running the model at that size.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from neuroflow.composites import input_layer
+from neuroflow.errors import ConfigError
+from neuroflow.memory.planner import Plan, place
+from neuroflow.memory.trace import Slot, TracingPool
+from neuroflow.operator import Operator
+
+MiB = 1024 * 1024
+KINDS = ("parameters", "gradients", "optimizer", "activations", "workspace", "grads_in_flight")
+
+
+@dataclass
+class LayerRow:
+    """Bytes one layer holds, by kind (activations etc. before buffers are shared)."""
+
+    name: str
+    op: str
+    bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+
+
+@dataclass
+class MemoryReport:
+    """What a training step needs: per-layer rows, the arena after sharing, and the predicted peak."""
+
+    batch_size: int
+    rows: list[LayerRow]
+    parameter_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    plan: Plan
+    budget_bytes: int | None = None
+    largest_batch: int | None = None
+    suggestion: tuple[int, int] | None = None
+    effective_batch: int | None = None
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.plan.arena_bytes
+
+    @property
+    def static_bytes(self) -> int:
+        return self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        return self.static_bytes + self.arena_bytes
+
+    def fits(self) -> bool:
+        return self.budget_bytes is None or self.predicted_peak_bytes <= self.budget_bytes
+
+    def __str__(self) -> str:
+        def mb(n: int) -> str:
+            return f"{n / MiB:9.3f}"
+
+        head = f"{'layer':<28}{'params':>10}{'grads':>10}{'optim':>10}{'activ':>10}{'work':>10}{'g-flight':>10}  (MiB)"
+        lines = [f"memory plan for batch {self.batch_size}", head, "-" * len(head)]
+        for row in self.rows:
+            label = f"{row.name} {row.op}"[:27]
+            lines.append(f"{label:<28}" + "".join(f"{mb(row.bytes[k]):>10}" for k in KINDS))
+        lines.append("-" * len(head))
+        lines.append(f"parameters + gradients + optimizer state: {self.static_bytes / MiB:.3f} MiB")
+        lines.append(
+            f"activation arena: {self.arena_bytes / MiB:.3f} MiB (unshared {self.plan.unshared_bytes / MiB:.3f} MiB, "
+            f"lower bound {self.plan.max_live_bytes / MiB:.3f} MiB)"
+        )
+        lines.append(f"predicted peak of a training step: {self.predicted_peak_bytes / MiB:.3f} MiB")
+        if self.budget_bytes is not None:
+            lines.append(f"budget: {self.budget_bytes / MiB:.3f} MiB -> {'fits' if self.fits() else 'does NOT fit'}")
+            if self.largest_batch is not None:
+                lines.append(f"largest batch that fits: {self.largest_batch}")
+            if self.suggestion is not None:
+                b, k = self.suggestion
+                lines.append(f"to keep the effective batch {self.effective_batch}: batch_size={b} x "
+                             f"gradient_accumulation_steps={k} (= {b * k})")
+            elif self.largest_batch == 0:
+                lines.append("not even batch 1 fits: the parameters and optimizer state alone exceed the budget")
+        return "\n".join(lines)
+
+    def to_png(self, path: str) -> None:
+        """Write a heat-map of layers × memory kinds (needs matplotlib)."""
+        from neuroflow.memory.heatmap import write_heatmap
+
+        write_heatmap(self, path)
+
+
+def named_leaves(model: Operator, prefix: str = "") -> Iterator[tuple[str, Operator]]:
+    """Leaf operators (no children) under dotted names; a model that is a leaf yields itself."""
+    children = list(model.named_children())
+    if not children:
+        yield prefix.rstrip(".") or type(model).__name__, model
+    for name, child in children:
+        yield from named_leaves(child, f"{prefix}{name}.")
+
+
+def trace_step(model: Operator, loss: Any, input_shape: tuple[int, ...], dtype: Any = np.float32) -> list[Slot]:
+    """Run forward, loss and backward once on zeros under a TracingPool; restore all state after."""
+    xp = model.xp
+    saved_pool = model._pool
+    saved_loss_pool = getattr(loss, "_pool", None)
+    snapshot = _snapshot(model)
+    tracer = TracingPool(xp)
+    model.attach_pool(tracer)
+    loss.attach_pool(tracer)
+    first = input_layer(model)
+    first_needs = first.needs_input_grad if first is not None else True
+    if first is not None:
+        first.needs_input_grad = False  # as the Trainer runs it: the input needs no gradient
+    try:
+        x = xp.zeros(input_shape, dtype=dtype)
+        out = model.forward(x)
+        target = _zero_target(loss, out, xp)
+        loss.forward(out, target)
+        tracer.phase = "backward"
+        g = loss.backward()
+        gx = model.backward(g)
+        tracer.handoff(g, gx, model)
+        tracer.release(gx)
+        tracer.done(loss)
+        slots = tracer.finish()
+        tracer.forget([*model.modules(), loss])
+        return slots
+    finally:
+        if first is not None:
+            first.needs_input_grad = first_needs
+        model.attach_pool(saved_pool)
+        loss.attach_pool(saved_loss_pool)
+        _restore(model, snapshot)
+
+
+def _zero_target(loss: Any, out: Any, xp: Any) -> Any:
+    from neuroflow.losses.cross_entropy import CrossEntropy
+
+    if isinstance(loss, CrossEntropy):
+        return xp.zeros(out.shape[0], dtype=np.int64)
+    return xp.zeros(out.shape, dtype=out.dtype)
+
+
+def _snapshot(model: Operator) -> dict[str, Any]:
+    return {
+        "buffers": [(t, t.data.copy()) for _, t in model.named_buffers()],
+        "grads": [(p, None if p.grad is None else p.grad.copy()) for p in model.parameters()],
+        "rngs": [(m, copy.deepcopy(m.rng.bit_generator.state)) for m in model.modules()  # type: ignore[attr-defined]
+                 if isinstance(getattr(m, "rng", None), np.random.Generator)],
+        "training": model.training,
+    }
+
+
+def _restore(model: Operator, snapshot: dict[str, Any]) -> None:
+    for tensor, data in snapshot["buffers"]:
+        tensor.data[...] = data
+    for param, grad in snapshot["grads"]:
+        if grad is None:
+            param.grad = None
+        else:
+            param.grad[...] = grad
+    for module, state in snapshot["rngs"]:
+        module.rng.bit_generator.state = state  # type: ignore[attr-defined]
+    model.train(snapshot["training"])
+
+
+class BatchModel:
+    """Each traced buffer's size as an affine function of the batch, from traces at batches 1 and 2."""
+
+    def __init__(self, model: Operator, loss: Any, sample_shape: tuple[int, ...], dtype: Any) -> None:
+        self.model, self.loss, self.sample_shape, self.dtype = model, loss, sample_shape, dtype
+        one = trace_step(model, loss, (1, *sample_shape), dtype)
+        two = trace_step(model, loss, (2, *sample_shape), dtype)
+        self.affine = len(one) == len(two) and all(
+            (a.key, id(a.owner)) == (b.key, id(b.owner)) for a, b in zip(one, two)
+        )
+        self.base = one
+        self.slopes = [b.nbytes - a.nbytes for a, b in zip(one, two)] if self.affine else []
+
+    def slots(self, batch: int) -> list[Slot]:
+        if not self.affine:
+            return trace_step(self.model, self.loss, (batch, *self.sample_shape), self.dtype)
+        return [copy.copy(s) for s in self.base] if batch == 1 else [
+            _resized(s, s.nbytes + slope * (batch - 1)) for s, slope in zip(self.base, self.slopes)
+        ]
+
+    def arena_bytes(self, batch: int) -> int:
+        return place(self.slots(batch)).arena_bytes
+
+
+def _resized(slot: Slot, nbytes: int) -> Slot:
+    clone = copy.copy(slot)
+    clone.nbytes = int(nbytes)
+    return clone
+
+
+def profile(
+    model: Operator,
+    input_shape: tuple[int, ...],
+    loss: Any = None,
+    optimizer: Any = None,
+    *,
+    budget_mb: float | None = None,
+    gradient_accumulation_steps: int = 1,
+    dtype: Any = None,
+) -> MemoryReport:
+    """Predict the memory of one training step of ``model`` on batches of ``input_shape``.
+
+    ``input_shape`` includes the batch: ``(64, 784)``. With ``budget_mb``
+    the report also gives the largest batch that fits and a
+    batch × accumulation pair keeping the effective batch
+    ``input_shape[0] × gradient_accumulation_steps``.
+    """
+    from neuroflow.losses.cross_entropy import CrossEntropy
+
+    if not input_shape or int(input_shape[0]) < 1:
+        raise ConfigError(f"input_shape must start with a positive batch size; got {tuple(input_shape)}")
+    if budget_mb is not None and budget_mb <= 0:
+        raise ConfigError(f"budget_mb must be positive; got {budget_mb}")
+    loss = loss if loss is not None else CrossEntropy()
+    params = model.parameters()
+    if dtype is None:
+        dtype = params[0].data.dtype if params else np.float32
+    batch = int(input_shape[0])
+    sample = tuple(int(s) for s in input_shape[1:])
+    trainable = [p for p in params if p.requires_grad]
+    parameter_bytes = sum(p.nbytes for p in params) + sum(t.nbytes for _, t in model.named_buffers())
+    gradient_bytes = sum(p.nbytes for p in trainable)
+    itemsize = np.dtype(dtype).itemsize
+    trainable_size = sum(int(p.data.size) for p in trainable)
+    optimizer_bytes = optimizer.state_nbytes(trainable_size, itemsize) if optimizer is not None else 0
+
+    slots = trace_step(model, loss, (batch, *sample), dtype)
+    plan = place(slots)
+    rows = _rows(model, slots, optimizer_bytes, gradient_bytes)
+    report = MemoryReport(batch, rows, parameter_bytes, gradient_bytes, optimizer_bytes, plan)
+    if budget_mb is not None:
+        report.budget_bytes = int(budget_mb * MiB)
+        sizes = BatchModel(model, loss, sample, dtype)
+        room = report.budget_bytes - report.static_bytes
+        report.largest_batch = _largest_batch(sizes, room)
+        effective = batch * gradient_accumulation_steps
+        report.effective_batch = effective
+        report.suggestion = fit_batch(sizes, room, effective)
+    return report
+
+
+def _largest_batch(sizes: BatchModel, room: int, limit: int = 1 << 20) -> int:
+    if room <= 0 or sizes.arena_bytes(1) > room:
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and sizes.arena_bytes(hi) <= room:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if sizes.arena_bytes(mid) <= room else (lo, mid)
+    return lo
+
+
+def fit_batch(sizes: BatchModel, room: int, effective: int) -> tuple[int, int] | None:
+    """The fewest accumulation steps k whose micro-batch fits ``room``; exact divisors of the batch first."""
+    largest = _largest_batch(sizes, room, limit=effective)
+    if largest == 0:
+        return None
+    if largest >= effective:
+        return effective, 1
+    smallest_k = math.ceil(effective / largest)
+    for k in range(smallest_k, min(effective, 2 * smallest_k) + 1):
+        if effective % k == 0:
+            return effective // k, k
+    return math.ceil(effective / smallest_k), smallest_k
+
+
+def _rows(model: Operator, slots: list[Slot], optimizer_bytes: int, gradient_bytes: int) -> list[LayerRow]:
+    rows: list[LayerRow] = []
+    by_owner: dict[int, LayerRow] = {}
+    per_grad_byte = optimizer_bytes / gradient_bytes if gradient_bytes else 0.0
+    for name, leaf in named_leaves(model):
+        row = LayerRow(name, repr(leaf).split("\n")[0])
+        own = list(leaf._parameters.values())
+        row.bytes["parameters"] = sum(p.nbytes for p in own) + sum(t.nbytes for t in leaf._buffers.values())
+        grads = sum(p.nbytes for p in own if p.requires_grad)
+        row.bytes["gradients"] = grads
+        row.bytes["optimizer"] = int(grads * per_grad_byte)
+        rows.append(row)
+        by_owner[id(leaf)] = row
+    other = LayerRow("(composites, loss)", "")
+    for slot in slots:
+        row = by_owner.get(id(slot.owner), other)
+        kind = "activations" if slot.phase == "forward" else ("grads_in_flight" if slot.escaped else "workspace")
+        row.bytes[kind] += slot.nbytes
+    if any(other.bytes.values()):
+        rows.append(other)
+    return rows

@@ -1,0 +1,145 @@
+"""TracingPool: runs one training step while recording every buffer's size and lifetime.
+
+The planner needs, for each (operator, key) buffer, when it is first
+requested and when it is last needed. Requests are seen directly; ends are
+derived from two events that composites report while tracing:
+
+- ``handoff(consumed, produced, owner)`` after ``owner.backward`` returned
+  ``produced`` from ``consumed``: the owner (and everything under it) is done,
+  so its forward caches and backward scratch die now; ``consumed`` dies now
+  unless ``produced`` is a view of it; ``produced`` lives until released.
+- ``release(array)``: the caller has read ``array`` for the last time.
+
+A buffer handed out of a backward and never released lives to the end of
+the step, so an operator that reports nothing is planned safely, only less
+tightly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Slot:
+    """One buffer of a traced step: who asked, how big, and when it lives."""
+
+    owner: Any
+    key: str
+    shape: tuple[int, ...]
+    dtype: Any
+    nbytes: int
+    start: int
+    phase: str
+    end: int = -1
+    escaped: bool = False
+    released_at: int = -1
+    index: int = 0
+    offset: int = 0
+    address: int = field(default=0, repr=False)
+
+
+class TracingPool:
+    """A buffer pool that allocates fresh arrays and records their lifetimes for the planner."""
+
+    tracing = True
+
+    def __init__(self, xp: Any) -> None:
+        self.xp = xp
+        self.slots: list[Slot] = []
+        self._by_owner_key: dict[tuple[int, str], Slot] = {}
+        self._done: dict[int, int] = {}
+        self.time = 0
+        self.phase = "forward"
+        self.reused_key: tuple[str, str] | None = None
+        self._arrays: list[Any] = []
+
+    def _tick(self) -> int:
+        self.time += 1
+        return self.time
+
+    def get(self, owner: object, key: str, shape: tuple[int, ...], dtype: Any) -> Any:
+        slot_key = (id(owner), key)
+        known = self._by_owner_key.get(slot_key)
+        if known is not None:
+            # An op asking again for one key (scratch shared by its forward and backward) gets the same buffer,
+            # as from a planned pool; a different shape means a layer used twice, which cannot be planned by key.
+            if known.shape == tuple(shape) and known.dtype == np.dtype(dtype):
+                return self._arrays[known.index]
+            self.reused_key = (repr(owner), key)
+        array = self.xp.empty(shape, dtype)
+        slot = Slot(owner, key, tuple(shape), np.dtype(dtype), int(array.nbytes), self._tick(), self.phase,
+                    index=len(self.slots), address=_address(array))
+        self.slots.append(slot)
+        self._by_owner_key[slot_key] = slot
+        self._arrays.append(array)
+        return array
+
+    def _slot_of(self, array: Any) -> Slot | None:
+        if array is None:
+            return None
+        address = _address(array)
+        for slot in reversed(self.slots):
+            if slot.address <= address < slot.address + max(slot.nbytes, 1):
+                return slot
+        return None
+
+    def handoff(self, consumed: Any, produced: Any, owner: Any) -> None:
+        now = self._tick()
+        for module in owner.modules() if hasattr(owner, "modules") else [owner]:
+            self._done.setdefault(id(module), now)
+        source, result = self._slot_of(consumed), self._slot_of(produced)
+        if result is not None and result is not source:
+            result.escaped = True
+        if source is not None and source is not result:
+            source.released_at = max(source.released_at, now)
+
+    def release(self, array: Any) -> None:
+        slot = self._slot_of(array)
+        if slot is not None:
+            slot.released_at = max(slot.released_at, self._tick())
+
+    def done(self, owner: Any) -> None:
+        """``owner`` will read none of its buffers again in this step (losses, the root model)."""
+        self.handoff(None, None, owner)
+
+    def finish(self) -> list[Slot]:
+        """Close the trace: give every slot its end time and return the slots."""
+        end_of_step = self._tick()
+        for slot in self.slots:
+            done = self._done.get(id(slot.owner), end_of_step)
+            if slot.escaped:
+                slot.end = slot.released_at if slot.released_at >= 0 else end_of_step
+            else:
+                slot.end = max(done, slot.released_at)
+            slot.end = max(slot.end, slot.start)
+        return self.slots
+
+    def forget(self, modules: Any) -> None:
+        """Drop the traced arrays, and every operator attribute still pointing at one.
+
+        Ops keep caches until their next forward; left alone, the traced
+        step's arrays would live on beside the arena during the next step.
+        """
+        traced = {id(a) for a in self._arrays}
+        for module in modules:
+            for name, value in list(vars(module).items()):
+                base = value
+                for _ in range(4):  # a reshape of a slice of a traced array is still a traced array
+                    if base is None or id(base) in traced:
+                        break
+                    base = getattr(base, "base", None)
+                if base is not None and id(base) in traced:
+                    object.__setattr__(module, name, None)
+        self._arrays.clear()
+
+
+def _address(array: Any) -> int:
+    interface = getattr(array, "__array_interface__", None) or getattr(array, "__cuda_array_interface__", None)
+    if interface is not None:
+        return int(interface["data"][0])
+    data = getattr(array, "data", None)
+    return int(getattr(data, "ptr", 0))

@@ -1,0 +1,200 @@
+"""Memory runtime: planned buffers are correct, shared, predicted within 5 %, and allocate nothing after step 1."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import neuroflow as nf
+from neuroflow import ops
+from neuroflow.allocators.arena import ArenaAllocator
+from neuroflow.allocators.caching import CachingAllocator
+from neuroflow.errors import OutOfMemoryError
+from neuroflow.memory.planner import max_live_bytes, place
+from neuroflow.memory.trace import Slot
+
+NUMPY_DATA = tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)
+
+
+def mlp(depth=2, width=128, seed=0):
+    nf.manual_seed(seed)
+    layers = [ops.Linear(784, width), ops.ReLU()]
+    for _ in range(depth - 1):
+        layers += [ops.Linear(width, width), ops.ReLU()]
+    return nf.Sequential(*layers, ops.Linear(width, 10))
+
+
+def branchy(seed=0):
+    nf.manual_seed(seed)
+    block = nf.Sequential(ops.Linear(32, 32), ops.GELU(), ops.Dropout(0.2), ops.Linear(32, 32))
+    return nf.Sequential(
+        ops.Linear(20, 32), ops.Tanh(),
+        nf.Residual(block),
+        nf.Concat(ops.Linear(32, 8), nf.Sequential(ops.ReLU(), ops.Linear(32, 8)), axis=-1),
+        nf.Residual(ops.Linear(16, 24), shortcut=ops.Linear(16, 24)),
+        ops.Flatten(), ops.Linear(24, 5),
+    )
+
+
+def data(n, features, classes, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, features)).astype(np.float32), rng.integers(0, classes, n)
+
+
+@pytest.mark.parametrize("make", [lambda: mlp(3), branchy])
+def test_planned_arena_training_matches_unplanned_training_bit_for_bit(make):
+    features = 784 if make().layers[0].in_features == 784 else 20
+    x, y = data(48, features, 5)
+    runs = []
+    for allocator in ("arena", "direct"):
+        trainer = nf.Trainer(make(), optimizer=nf.optim.AdamW(lr=1e-2), batch_size=16, seed=1,
+                             allocator=allocator, progress=False)
+        trainer.fit((x, y), epochs=3)
+        runs.append([p.data.copy() for p in trainer.model.parameters()])
+        if allocator == "arena":
+            plan = trainer._plan
+            assert plan is not None and plan.arena_bytes < plan.unshared_bytes  # buffers really are shared
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 40), st.integers(0, 15)), min_size=1, max_size=30))
+def test_placement_never_overlaps_live_buffers(spec):
+    slots = [Slot(None, f"k{i}", (n,), np.uint8, n, start, "forward", end=start + length)
+             for i, (n, start, length) in enumerate(spec)]
+    plan = place(slots)
+    assert plan.arena_bytes >= max_live_bytes(slots)
+    for i, a in enumerate(slots):
+        for b in slots[i + 1:]:
+            if a.start <= b.end and b.start <= a.end:
+                assert a.offset + a.nbytes <= b.offset or b.offset + b.nbytes <= a.offset
+
+
+def _measured_peak(make_model, batch, steps=3):
+    """tracemalloc's numpy-data peak of steady-state steps, above what existed before the model."""
+    x, y = data(batch, 784, 10)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        model = make_model()
+        trainer = nf.Trainer(model, optimizer=nf.optim.Adam(lr=1e-3), batch_size=batch, progress=False)
+        trainer.train_step(x, y)
+        tracemalloc.reset_peak()
+        for _ in range(steps):
+            trainer.train_step(x, y)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return peak - base, trainer
+
+
+@pytest.mark.parametrize("depth", [2, 6])
+@pytest.mark.parametrize("batch", [32, 128, 512])
+def test_predicted_peak_is_within_five_percent_of_measured(depth, batch):
+    predicted = nf.memory.profile(mlp(depth), (batch, 784), optimizer=nf.optim.Adam(lr=1e-3)).predicted_peak_bytes
+    measured, _ = _measured_peak(lambda: mlp(depth), batch)
+    assert abs(predicted - measured) / measured <= 0.05, (predicted, measured)
+
+
+def test_steady_state_steps_make_no_allocations_and_counters_match_tracemalloc():
+    x, y = data(64, 784, 10)
+    trainer = nf.Trainer(mlp(2), batch_size=64, progress=False)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        trainer.train_step(x, y)
+        stats = trainer.memory_stats()
+        snapshot = tracemalloc.take_snapshot().filter_traces([NUMPY_DATA])
+        for _ in range(3):
+            trainer.train_step(x, y)
+        later = tracemalloc.take_snapshot().filter_traces([NUMPY_DATA])
+    finally:
+        tracemalloc.stop()
+    assert trainer.memory_stats().allocations == stats.allocations == 1  # the arena itself, once
+    assert [d for d in later.compare_to(snapshot, "lineno") if d.count_diff > 0 and d.size_diff > 256] == []
+    arena_trace = [t for t in snapshot.traces if t.size == stats.pool_bytes]
+    assert arena_trace, "the arena's block is visible to tracemalloc with exactly the size the counters report"
+    assert stats.pool_bytes == trainer._plan.arena_bytes and stats.in_use_bytes == trainer._plan.arena_bytes
+    assert before >= 0
+
+
+def test_budget_fits_batch_and_accumulation_and_training_stays_under_it(capsys):
+    probe = nf.memory.profile(mlp(2, width=256), (96, 784), optimizer=nf.optim.Adam(lr=1e-3))
+    budget = probe.predicted_peak_bytes / 2**20  # batch 96 fits; 256 does not
+    trainer = nf.Trainer(mlp(2, width=256), optimizer=nf.optim.Adam(lr=1e-3), batch_size=256,
+                         memory_budget_mb=budget, progress=True)
+    x, y = data(512, 784, 10)
+    trainer.fit((x, y), epochs=1)
+    said = capsys.readouterr().out
+    assert "using batch" in said
+    b, k = trainer.batch_size, trainer.gradient_accumulation_steps
+    assert b < 256 and b * k >= 256 and k > 1
+    assert trainer.memory_report.predicted_peak_bytes <= budget * 2**20
+    measured, _ = _measured_peak(lambda: mlp(2, width=256), b)
+    assert measured <= budget * 2**20 * 1.02
+
+
+def test_pool_too_small_raises_with_needed_free_and_advice():
+    x, y = data(128, 784, 10)
+    trainer = nf.Trainer(mlp(2), batch_size=128, memory_pool_size_mb=0.45, progress=False)
+    with pytest.raises(OutOfMemoryError, match=r"needs an arena of \d+ bytes; the pool holds 471859 bytes\. batch_size=\d+ with gradient_accumulation_steps=\d+ would fit"):
+        trainer.train_step(x, y)
+
+
+def test_profile_report_and_budget_advice():
+    report = nf.memory.profile(mlp(2), (64, 784), optimizer=nf.optim.AdamW(), budget_mb=2.8)
+    text = str(report)
+    assert "0 Linear(784→128)" in text and "predicted peak of a training step" in text
+    rows = {row.name: row.bytes for row in report.rows}
+    assert rows["0"]["parameters"] == (784 * 128 + 128) * 4
+    assert rows["1"]["activations"] == 64 * 128 * 4
+    assert report.largest_batch is not None and report.largest_batch >= 1
+    small = nf.memory.profile(mlp(2), (report.largest_batch, 784), optimizer=nf.optim.AdamW())
+    bigger = nf.memory.profile(mlp(2), (report.largest_batch + 1, 784), optimizer=nf.optim.AdamW())
+    assert small.predicted_peak_bytes <= report.budget_bytes < bigger.predicted_peak_bytes
+    with pytest.raises(nf.errors.ConfigError, match="positive batch"):
+        nf.memory.profile(mlp(2), (0, 784))
+
+
+def test_profile_leaves_the_model_untouched():
+    model = branchy()
+    before = [p.data.copy() for p in model.parameters()]
+    dropout = model[2].block[2]
+    state = dict(dropout.rng.bit_generator.state)
+    nf.memory.profile(model, (8, 20))
+    assert dropout.rng.bit_generator.state == state
+    assert all(p.grad is None for p in model.parameters())
+    for a, p in zip(before, model.parameters()):
+        np.testing.assert_array_equal(a, p.data)
+
+
+def test_heatmap_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "mem.png"
+    nf.memory.profile(mlp(2), (64, 784)).to_png(str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_arena_online_allocation_and_out_of_memory():
+    arena = ArenaAllocator(np, capacity=1024, planned_bytes=512)
+    a = arena.allocate((64,), np.float32)  # 256 bytes after the plan
+    assert arena.free_bytes == 256
+    with pytest.raises(OutOfMemoryError, match=r"needed 512 bytes .* 256 bytes free"):
+        arena.allocate((128,), np.float32)
+    arena.free(a)
+    assert arena.free_bytes == 512
+    assert arena.allocate((128,), np.float32).shape == (128,)
+
+
+def test_caching_allocator_reuses_size_classes():
+    cache = CachingAllocator(np)
+    a = cache.allocate((100,), np.float32)
+    cache.free(a)
+    b = cache.allocate((90,), np.float32)
+    assert cache.stats().allocations == 1 and b.base is not None
+    assert np.shares_memory(a, b)
