@@ -21,6 +21,7 @@ from neuroflow.losses.base import Loss
 from neuroflow.losses.cross_entropy import CrossEntropy
 from neuroflow.memory.buffers import BufferPool
 from neuroflow.memory.flat import FlatParameters
+from neuroflow.memory.offload import OffloadManager
 from neuroflow.memory.planner import place
 from neuroflow.memory.trace import TracingPool
 from neuroflow.operator import Operator
@@ -95,6 +96,7 @@ class Trainer:
         self.memory_budget_mb = memory_budget_mb
         self.memory_pool_size_mb = memory_pool_size_mb
         self.enable_async_unload = bool(enable_async_unload)
+        self.offload: OffloadManager | None = None
         self.memory_report: Any = None
         self._plan: Any = None
         self._planned_batch = 0
@@ -117,6 +119,12 @@ class Trainer:
         self.optimizer.bind(self._flat)
         self._attach(None)
         self._skip_unused_input_gradient()
+        if self.enable_async_unload:
+            cold = [t for _, t in self.model.named_buffers()]
+            cold += [p for p in self.model.parameters() if not p.requires_grad]
+            capacity = self._arena_capacity(0)
+            low_water = capacity // 4 if capacity else 64 * 2**20  # a quarter of the pool, or 64 MiB
+            self.offload = OffloadManager(self.backend, cold, low_water)
 
     def _attach(self, pool: Any) -> None:
         self._pool = pool
@@ -258,6 +266,8 @@ class Trainer:
             self.fit_to_budget(tuple(micro_batches[0][0].shape[1:]))
         if self._pool is not None and largest > self._planned_batch:
             self._attach(None)  # a larger batch than planned: trace and plan again
+        if self.offload is not None:
+            self.offload.ensure_loaded()
         flat.zero_grad()
         loss_sum = 0.0
         correct = 0
@@ -288,6 +298,8 @@ class Trainer:
             self.last_grad_norm = clip_grad_norm(flat.grad, self.clip_grad_norm)
         lr = self.scheduler.lr(self.step) if self.scheduler is not None else None
         self.optimizer.step(lr)
+        if self.offload is not None:
+            self.offload.after_step()
         self.step += 1
         mean_loss = loss_sum / total
         self._hooks().neuroflow_step_end(trainer=self, step=self.step, loss=mean_loss)
@@ -390,6 +402,8 @@ class Trainer:
         self._ensure_ready()
         loader = self._loader(data, shuffle=False)
         model, backend = self.model, self.backend
+        if self.offload is not None:
+            self.offload.ensure_loaded()
         was_training = model.training
         model.eval()
         loss_sum, correct, seen = 0.0, 0, 0
@@ -415,6 +429,8 @@ class Trainer:
         self._ensure_ready()
         x = np.asarray(x)
         model, backend = self.model, self.backend
+        if self.offload is not None:
+            self.offload.ensure_loaded()
         was_training = model.training
         model.eval()
         parts = []

@@ -54,6 +54,23 @@ class Backend:
         """Bytes in use and at peak, pool size and allocation count, as the allocator counted them."""
         return self.allocator.stats()
 
+    def free_bytes(self) -> int | None:
+        """Device memory still free for the pool, or None where there is no separate device pool (cpu)."""
+        return None
+
+    def unload(self, array: Any) -> Any:
+        """Start moving ``array`` to host memory; returns a handle for ``reload``.
+
+        A device backend copies on a separate stream/queue into pinned host
+        memory and releases the device buffer once the copy is done; the
+        generic implementation keeps the array where it is.
+        """
+        return array
+
+    def reload(self, handle: Any) -> Any:
+        """The device array for a handle from ``unload``, waiting only for that copy."""
+        return handle
+
     # ---------------------------------------------------------------- copies
     def from_host(self, array: np.ndarray) -> Any:
         """A device array holding a copy of the host array ``array``."""
