@@ -40,8 +40,11 @@ def main() -> None:
         device="cpu",
         seed=0,
     )
+    print(nf.memory.profile(model, (args.batch_size, *train.x.shape[1:]), trainer.loss, trainer.optimizer))
     start = time.perf_counter()
     trainer.fit(train, epochs=args.epochs, val_data=test)
+    stats = trainer.memory_stats()
+    print(f"arena: {stats.pool_bytes / 2**20:.2f} MiB reserved once, {stats.allocations} allocation(s) in all")
     metrics = trainer.evaluate(test)
     print(f"final test accuracy: {metrics['accuracy']:.2%} (loss {metrics['loss']:.4f}) "
           f"after {args.epochs} epochs in {time.perf_counter() - start:.1f} s")
