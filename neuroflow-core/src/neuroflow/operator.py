@@ -215,6 +215,19 @@ class Operator:
             return self.xp.empty(shape, dtype)
         return self._pool.get(self, key, shape, dtype)
 
+    def grad_target(self, param: Tensor, key: str) -> tuple[Any, bool]:
+        """Where to write ``param``'s gradient: ``(array, add)``.
+
+        When the runtime guarantees the gradients are zero (one micro-batch
+        per step), that is ``param.grad`` itself and nothing needs adding;
+        otherwise a workspace whose contents must go through
+        :meth:`accumulate_grad`.
+        """
+        pool = self._pool
+        if pool is not None and pool.grads_zeroed and param.grad is not None:
+            return param.grad, False
+        return self.buffer(key, param.shape, param.data.dtype), True
+
     def accumulate_grad(self, param: Tensor, value: Any) -> None:
         """Add ``value`` into ``param.grad`` (allocating it at the first backward)."""
         if not param.requires_grad:

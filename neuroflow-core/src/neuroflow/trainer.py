@@ -101,6 +101,7 @@ class Trainer:
         self._plan: Any = None
         self._planned_batch = 0
         self._budget_checked = memory_budget_mb is None
+        self._reserve_per_sample = 0
         self._flat: FlatParameters | None = None
         self._pool: BufferPool | None = None
         self._stop_requested = False
@@ -156,18 +157,26 @@ class Trainer:
         from neuroflow.memory.profile import profile
 
         self._ensure_ready()
+        self._reserve_per_sample = self._input_bytes_per_sample(sample_shape)
         report = profile(self.model, (self.batch_size, *sample_shape), self.loss, self.optimizer,
                          budget_mb=self.memory_budget_mb,
-                         gradient_accumulation_steps=self.gradient_accumulation_steps)
+                         gradient_accumulation_steps=self.gradient_accumulation_steps,
+                         reserve_per_sample=self._reserve_per_sample)
         self.memory_report = report
         self._budget_checked = True
-        if report.fits():
+        if report.fits(self._reserve_per_sample * self.batch_size):
             if self.progress:
                 print(f"memory budget {self.memory_budget_mb} MiB: batch {self.batch_size} × accumulation "
                       f"{self.gradient_accumulation_steps} fits (predicted peak "
                       f"{report.predicted_peak_bytes / 2**20:.2f} MiB)", flush=True)
             return report
         if report.suggestion is None:
+            if report.largest_batch:
+                raise OutOfMemoryError(
+                    f"memory budget of {self.memory_budget_mb} MiB: no batch × accumulation keeps the effective batch "
+                    f"{report.effective_batch} (accumulating needs a workspace per weight gradient); "
+                    f"batch_size={report.largest_batch} without accumulation fits, or raise the budget"
+                )
             raise OutOfMemoryError(
                 f"memory budget of {self.memory_budget_mb} MiB is too small even for batch 1: parameters, gradients "
                 f"and optimizer state take {report.static_bytes / 2**20:.2f} MiB"
@@ -179,14 +188,27 @@ class Trainer:
                   f"using batch {batch} × accumulation {steps}", flush=True)
         self.batch_size, self.gradient_accumulation_steps = batch, steps
         self.memory_report = profile(self.model, (batch, *sample_shape), self.loss, self.optimizer,
-                                     budget_mb=self.memory_budget_mb, gradient_accumulation_steps=steps)
+                                     budget_mb=self.memory_budget_mb, gradient_accumulation_steps=steps,
+                                     reserve_per_sample=self._reserve_per_sample)
         return self.memory_report
+
+    def _input_bytes_per_sample(self, sample_shape: tuple[int, ...]) -> int:
+        """Host memory the input pipeline holds per sample: the DataLoader's prefetched batches,
+        the one being gathered and the one in use, inputs and integer labels."""
+        import inspect
+
+        from neuroflow.data import DataLoader
+
+        batches = int(inspect.signature(DataLoader).parameters["prefetch"].default) + 2
+        itemsize = self._flat.data.dtype.itemsize if self._flat is not None else 4
+        return batches * (math.prod(sample_shape) * itemsize + 8)
 
     def _arena_capacity(self, planned: int) -> int | None:
         if self.memory_pool_size_mb is not None:
             return int(self.memory_pool_size_mb * 2**20)
         if self.memory_budget_mb is not None:
-            return max(int(self.memory_budget_mb * 2**20) - self._static_bytes(), planned)
+            reserve = self._reserve_per_sample * self.batch_size
+            return max(int(self.memory_budget_mb * 2**20) - self._static_bytes() - reserve, planned)
         return None
 
     def _finish_trace(self, tracer: TracingPool, batch: int) -> None:
@@ -208,9 +230,15 @@ class Trainer:
             allocator.reserve(capacity if capacity is not None else plan.arena_bytes, plan.arena_bytes)
             self._plan = plan
             pool = BufferPool(allocator, plan, strict=capacity is not None)
+        pool.grads_zeroed = tracer.grads_zeroed and tracer.reused_key is None
         self.backend.use_allocator(allocator)
         self._planned_batch = batch
         self._attach(pool)
+
+    def _grads_zeroed(self) -> bool:
+        """Whether each backward starts from zero gradients: one micro-batch per step, no layer used twice."""
+        modules = list(self.model.modules())
+        return self.gradient_accumulation_steps == 1 and len(modules) == len({id(m) for m in modules})
 
     def _advice(self, capacity: int) -> str:
         from neuroflow.memory.profile import BatchModel, fit_batch
@@ -218,8 +246,10 @@ class Trainer:
         sample = getattr(self, "_sample_shape", None)
         if sample is None:
             return "Lower batch_size or raise memory_pool_size_mb."
-        sizes = BatchModel(self.model, self.loss, sample, self._flat.data.dtype if self._flat else np.float32)
-        suggestion = fit_batch(sizes, capacity, self.batch_size * self.gradient_accumulation_steps)
+        dtype = self._flat.data.dtype if self._flat else np.float32
+        single = BatchModel(self.model, self.loss, sample, dtype, 1)
+        accumulating = BatchModel(self.model, self.loss, sample, dtype, 2)
+        suggestion = fit_batch(single, accumulating, capacity, self.batch_size * self.gradient_accumulation_steps)
         if suggestion is None:
             return "Not even batch 1 fits: raise memory_pool_size_mb."
         b, k = suggestion
@@ -275,6 +305,7 @@ class Trainer:
             tracer = None
             if self._pool is None:
                 tracer = TracingPool(backend.xp)
+                tracer.grads_zeroed = self._grads_zeroed()
                 self._sample_shape = tuple(x.shape[1:])
                 self._attach(tracer)
             xd, yd = backend.from_host(x), backend.from_host(y)

@@ -27,9 +27,10 @@ TRACEBACK_ENV = "NEUROFLOW_TRACEBACK"
 
 
 def _builtin_commands(register: Callable[..., None]) -> None:
-    from neuroflow.cli import debug_backward, doctor, gradcheck, plugins, train
+    from neuroflow.cli import debug_backward, doctor, gradcheck, mem_profile, plugins, train
 
     register("train", train.HELP, train.configure, train.run)
+    register("mem-profile", mem_profile.HELP, mem_profile.configure, mem_profile.run)
     register("plugins", plugins.HELP, plugins.configure, plugins.run)
     register("backends", plugins.BACKENDS_HELP, plugins.configure, plugins.run_backends)
     register("gradcheck", gradcheck.HELP, gradcheck.configure, gradcheck.run)

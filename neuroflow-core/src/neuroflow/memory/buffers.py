@@ -22,6 +22,9 @@ class BufferPool:
     """
 
     tracing = False
+    #: True while every parameter gradient is known to be zero when a backward starts (no accumulation):
+    #: ops may then write weight gradients straight into ``param.grad`` instead of adding a workspace.
+    grads_zeroed = False
 
     def __init__(self, allocator: Allocator, plan: Plan | None = None, strict: bool = False) -> None:
         self.allocator = allocator

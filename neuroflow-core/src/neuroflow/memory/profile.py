@@ -64,8 +64,9 @@ class MemoryReport:
     def predicted_peak_bytes(self) -> int:
         return self.static_bytes + self.arena_bytes
 
-    def fits(self) -> bool:
-        return self.budget_bytes is None or self.predicted_peak_bytes <= self.budget_bytes
+    def fits(self, reserve_bytes: int = 0) -> bool:
+        """Whether the predicted peak, plus ``reserve_bytes`` kept for input data, is within the budget."""
+        return self.budget_bytes is None or self.predicted_peak_bytes + reserve_bytes <= self.budget_bytes
 
     def __str__(self) -> str:
         def mb(n: int) -> str:
@@ -93,6 +94,10 @@ class MemoryReport:
                              f"gradient_accumulation_steps={k} (= {b * k})")
             elif self.largest_batch == 0:
                 lines.append("not even batch 1 fits: the parameters and optimizer state alone exceed the budget")
+            elif self.largest_batch is not None and self.effective_batch is not None:
+                lines.append(f"no batch x accumulation pair keeps the effective batch {self.effective_batch} within "
+                             "the budget (accumulating needs a workspace per weight gradient); use "
+                             f"batch_size={self.largest_batch} without accumulation, or raise the budget")
         return "\n".join(lines)
 
     def to_png(self, path: str) -> None:
@@ -111,13 +116,25 @@ def named_leaves(model: Operator, prefix: str = "") -> Iterator[tuple[str, Opera
         yield from named_leaves(child, f"{prefix}{name}.")
 
 
-def trace_step(model: Operator, loss: Any, input_shape: tuple[int, ...], dtype: Any = np.float32) -> list[Slot]:
-    """Run forward, loss and backward once on zeros under a TracingPool; restore all state after."""
+def trace_step(
+    model: Operator, loss: Any, input_shape: tuple[int, ...], dtype: Any = np.float32, accumulation: int = 1
+) -> list[Slot]:
+    """Run forward, loss and backward once on zeros under a TracingPool; restore all state after.
+
+    ``accumulation`` matters because without it ops write weight gradients
+    straight into the gradient buffers and need no workspace for them.
+    """
     xp = model.xp
     saved_pool = model._pool
     saved_loss_pool = getattr(loss, "_pool", None)
     snapshot = _snapshot(model)
     tracer = TracingPool(xp)
+    tracer.grads_zeroed = accumulation == 1
+    for param in model.trainable_parameters():
+        if param.grad is None:
+            param.grad = xp.zeros_like(param.data)
+        else:
+            param.grad[...] = 0
     model.attach_pool(tracer)
     loss.attach_pool(tracer)
     first = input_layer(model)
@@ -180,10 +197,15 @@ def _restore(model: Operator, snapshot: dict[str, Any]) -> None:
 class BatchModel:
     """Each traced buffer's size as an affine function of the batch, from traces at batches 1 and 2."""
 
-    def __init__(self, model: Operator, loss: Any, sample_shape: tuple[int, ...], dtype: Any) -> None:
+    def __init__(
+        self, model: Operator, loss: Any, sample_shape: tuple[int, ...], dtype: Any, accumulation: int = 1,
+        reserve_per_sample: int = 0,
+    ) -> None:
         self.model, self.loss, self.sample_shape, self.dtype = model, loss, sample_shape, dtype
-        one = trace_step(model, loss, (1, *sample_shape), dtype)
-        two = trace_step(model, loss, (2, *sample_shape), dtype)
+        self.accumulation = accumulation
+        self.reserve_per_sample = reserve_per_sample
+        one = trace_step(model, loss, (1, *sample_shape), dtype, accumulation)
+        two = trace_step(model, loss, (2, *sample_shape), dtype, accumulation)
         self.affine = len(one) == len(two) and all(
             (a.key, id(a.owner)) == (b.key, id(b.owner)) for a, b in zip(one, two)
         )
@@ -192,13 +214,14 @@ class BatchModel:
 
     def slots(self, batch: int) -> list[Slot]:
         if not self.affine:
-            return trace_step(self.model, self.loss, (batch, *self.sample_shape), self.dtype)
+            return trace_step(self.model, self.loss, (batch, *self.sample_shape), self.dtype, self.accumulation)
         return [copy.copy(s) for s in self.base] if batch == 1 else [
             _resized(s, s.nbytes + slope * (batch - 1)) for s, slope in zip(self.base, self.slopes)
         ]
 
     def arena_bytes(self, batch: int) -> int:
-        return place(self.slots(batch)).arena_bytes
+        """The arena at ``batch``, plus what the input pipeline holds for that batch."""
+        return place(self.slots(batch)).arena_bytes + self.reserve_per_sample * batch
 
 
 def _resized(slot: Slot, nbytes: int) -> Slot:
@@ -216,13 +239,16 @@ def profile(
     budget_mb: float | None = None,
     gradient_accumulation_steps: int = 1,
     dtype: Any = None,
+    reserve_per_sample: int = 0,
 ) -> MemoryReport:
     """Predict the memory of one training step of ``model`` on batches of ``input_shape``.
 
     ``input_shape`` includes the batch: ``(64, 784)``. With ``budget_mb``
     the report also gives the largest batch that fits and a
     batch × accumulation pair keeping the effective batch
-    ``input_shape[0] × gradient_accumulation_steps``.
+    ``input_shape[0] × gradient_accumulation_steps``;
+    ``reserve_per_sample`` bytes per sample are kept free of the budget for
+    the input pipeline (batches being loaded and prefetched).
     """
     from neuroflow.losses.cross_entropy import CrossEntropy
 
@@ -243,18 +269,20 @@ def profile(
     trainable_size = sum(int(p.data.size) for p in trainable)
     optimizer_bytes = optimizer.state_nbytes(trainable_size, itemsize) if optimizer is not None else 0
 
-    slots = trace_step(model, loss, (batch, *sample), dtype)
+    slots = trace_step(model, loss, (batch, *sample), dtype, gradient_accumulation_steps)
     plan = place(slots)
     rows = _rows(model, slots, optimizer_bytes, gradient_bytes)
     report = MemoryReport(batch, rows, parameter_bytes, gradient_bytes, optimizer_bytes, plan)
     if budget_mb is not None:
         report.budget_bytes = int(budget_mb * MiB)
-        sizes = BatchModel(model, loss, sample, dtype)
+        sizes = BatchModel(model, loss, sample, dtype, gradient_accumulation_steps, reserve_per_sample)
         room = report.budget_bytes - report.static_bytes
         report.largest_batch = _largest_batch(sizes, room)
         effective = batch * gradient_accumulation_steps
         report.effective_batch = effective
-        report.suggestion = fit_batch(sizes, room, effective)
+        single = sizes if gradient_accumulation_steps == 1 else BatchModel(model, loss, sample, dtype, 1, reserve_per_sample)
+        accumulating = sizes if gradient_accumulation_steps > 1 else BatchModel(model, loss, sample, dtype, 2, reserve_per_sample)
+        report.suggestion = fit_batch(single, accumulating, room, effective)
     return report
 
 
@@ -270,14 +298,18 @@ def _largest_batch(sizes: BatchModel, room: int, limit: int = 1 << 20) -> int:
     return lo
 
 
-def fit_batch(sizes: BatchModel, room: int, effective: int) -> tuple[int, int] | None:
-    """The fewest accumulation steps k whose micro-batch fits ``room``; exact divisors of the batch first."""
-    largest = _largest_batch(sizes, room, limit=effective)
+def fit_batch(single: BatchModel, accumulating: BatchModel, room: int, effective: int) -> tuple[int, int] | None:
+    """The fewest accumulation steps k whose micro-batch fits ``room``; exact divisors of the batch first.
+
+    ``single`` sizes a step without accumulation, ``accumulating`` one with it
+    (accumulating needs a workspace per weight gradient).
+    """
+    if _largest_batch(single, room, limit=effective) >= effective:
+        return effective, 1
+    largest = _largest_batch(accumulating, room, limit=effective)
     if largest == 0:
         return None
-    if largest >= effective:
-        return effective, 1
-    smallest_k = math.ceil(effective / largest)
+    smallest_k = max(2, math.ceil(effective / largest))
     for k in range(smallest_k, min(effective, 2 * smallest_k) + 1):
         if effective % k == 0:
             return effective // k, k

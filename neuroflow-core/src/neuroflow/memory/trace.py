@@ -46,6 +46,7 @@ class TracingPool:
     """A buffer pool that allocates fresh arrays and records their lifetimes for the planner."""
 
     tracing = True
+    grads_zeroed = False
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp
@@ -125,14 +126,23 @@ class TracingPool:
         step's arrays would live on beside the arena during the next step.
         """
         traced = {id(a) for a in self._arrays}
+
+        def holds_traced(value: Any, depth: int = 0) -> bool:
+            if isinstance(value, (tuple, list)):
+                return depth < 3 and any(holds_traced(v, depth + 1) for v in value)
+            if isinstance(value, dict):
+                return depth < 3 and any(holds_traced(v, depth + 1) for v in value.values())
+            for _ in range(4):  # a reshape of a slice of a traced array is still a traced array
+                if value is None:
+                    return False
+                if id(value) in traced:
+                    return True
+                value = getattr(value, "base", None)
+            return False
+
         for module in modules:
             for name, value in list(vars(module).items()):
-                base = value
-                for _ in range(4):  # a reshape of a slice of a traced array is still a traced array
-                    if base is None or id(base) in traced:
-                        break
-                    base = getattr(base, "base", None)
-                if base is not None and id(base) in traced:
+                if not name.startswith("__") and holds_traced(value):
                     object.__setattr__(module, name, None)
         self._arrays.clear()
 

@@ -56,10 +56,10 @@ class ReLU(_Elementwise):
         return y
 
     def _backward(self, g: Any, gx: Any) -> None:
-        xp = self.xp
-        mask = self.buffer("mask", g.shape, bool)
-        xp.greater(self._cache, 0, out=mask)
-        xp.multiply(g, mask, out=gx)
+        # sign(y) is 1 where the input was positive and 0 elsewhere (y ≥ 0): a float mask without a
+        # bool buffer, and a multiply that needs no casting (which made numpy allocate temporaries)
+        self.xp.sign(self._cache, out=gx)
+        gx *= g
 
 
 class LeakyReLU(_Elementwise):

@@ -55,13 +55,15 @@ class Linear(Operator):
         if g2.shape[0] != x2.shape[0]:
             raise ShapeError(f"{self!r}.backward got gradient of shape {grad_out.shape}; forward batch was {x2.shape[0]}")
         if self.weight.requires_grad:
-            gw = self.buffer("gw", self.weight.shape, x2.dtype)
+            gw, add = self.grad_target(self.weight, "gw")
             xp.matmul(g2.T, x2, out=gw)
-            self.accumulate_grad(self.weight, gw)
+            if add:
+                self.accumulate_grad(self.weight, gw)
         if self.has_bias and self.bias.requires_grad:
-            gb = self.buffer("gb", self.bias.shape, x2.dtype)
+            gb, add = self.grad_target(self.bias, "gb")
             xp.sum(g2, axis=0, out=gb)
-            self.accumulate_grad(self.bias, gb)
+            if add:
+                self.accumulate_grad(self.bias, gb)
         if not self.needs_input_grad:
             return None
         gx = self.buffer("gx", x2.shape, x2.dtype)
