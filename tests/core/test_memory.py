@@ -119,7 +119,8 @@ def test_steady_state_steps_make_no_allocations_and_counters_match_tracemalloc()
     assert [d for d in later.compare_to(snapshot, "lineno") if d.count_diff > 0 and d.size_diff > 256] == []
     arena_trace = [t for t in snapshot.traces if t.size == stats.pool_bytes]
     assert arena_trace, "the arena's block is visible to tracemalloc with exactly the size the counters report"
-    assert stats.pool_bytes == trainer._plan.arena_bytes and stats.in_use_bytes == trainer._plan.arena_bytes
+    assert stats.pool_bytes == trainer._plan.arena_bytes + 64  # over-allocated by one alignment unit
+    assert stats.in_use_bytes == trainer._plan.arena_bytes
     assert before >= 0
 
 

@@ -116,6 +116,7 @@ class Trainer(MemoryRuntime):
             self.model.to(self.backend)
             params = self.model.trainable_parameters()
         self._flat = FlatParameters(params, self.backend.xp)
+        self._step_end_hook = self._hooks().neuroflow_step_end
         self.optimizer.bind(self._flat)
         self._attach(None)
         self._skip_unused_input_gradient()
@@ -159,7 +160,7 @@ class Trainer(MemoryRuntime):
         if len(x) == 0:
             raise ConfigError("train_step got an empty batch")
         k = min(self.gradient_accumulation_steps, len(x))
-        micro = list(zip(np.array_split(x, k), np.array_split(y, k)))
+        micro = [(x, y)] if k == 1 else list(zip(np.array_split(x, k), np.array_split(y, k)))
         loss, _ = self._optimisation_step(micro)
         return loss
 
@@ -168,7 +169,8 @@ class Trainer(MemoryRuntime):
         flat, backend, model, loss_fn = self._flat, self.backend, self.model, self.loss
         if flat is None:  # pragma: no cover
             raise RuntimeError("trainer is not set up")
-        model.train()
+        if not model.training:
+            model.train()
         total = sum(len(x) for x, _ in micro_batches)
         largest = max(len(x) for x, _ in micro_batches)
         if not self._budget_checked:
@@ -212,7 +214,7 @@ class Trainer(MemoryRuntime):
             self.offload.after_step()
         self.step += 1
         mean_loss = loss_sum / total
-        self._hooks().neuroflow_step_end(trainer=self, step=self.step, loss=mean_loss)
+        self._step_end_hook(trainer=self, step=self.step, loss=mean_loss)
         return mean_loss, correct
 
     def _first_nonfinite_layer(self, x: Any) -> str | None:

@@ -35,12 +35,15 @@ class ArenaAllocator(Allocator):
         capacity = max(int(capacity), int(planned_bytes), ALIGNMENT)
         if planned_bytes > capacity:
             raise OutOfMemoryError(f"the plan needs {planned_bytes} bytes; the arena holds {capacity}")
-        self.block = self.xp.empty(capacity, dtype=np.uint8)
+        # numpy aligns to 16 bytes; over-allocate so the planner's 64-byte offsets are cache-line aligned
+        raw = self.xp.empty(capacity + ALIGNMENT, dtype=np.uint8)
+        shift = -_data_address(raw) % ALIGNMENT
+        self.block = raw[shift:shift + capacity]
         self.capacity = capacity
         start = _align(planned_bytes)
         self._free = [(start, capacity)] if start < capacity else []
         s = self._stats
-        s.pool_bytes = capacity
+        s.pool_bytes = capacity + ALIGNMENT
         s.allocations += 1
         s.in_use_bytes = planned_bytes
         s.peak_bytes = max(s.peak_bytes, planned_bytes)
@@ -94,6 +97,13 @@ class ArenaAllocator(Allocator):
     @property
     def free_bytes(self) -> int:
         return sum(hi - lo for lo, hi in self._free)
+
+
+def _data_address(array: Any) -> int:
+    interface = getattr(array, "__array_interface__", None)
+    if interface is not None:
+        return int(interface["data"][0])
+    return int(getattr(getattr(array, "data", None), "ptr", 0))
 
 
 def _align(n: int) -> int:

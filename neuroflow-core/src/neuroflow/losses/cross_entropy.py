@@ -62,15 +62,14 @@ class CrossEntropy(Loss):
     def backward(self, scale: float = 1.0) -> Any:
         probs, labels = self._probs, self._labels
         if probs is None:
-            raise RuntimeError("CrossEntropy.backward called before forward")
+            raise RuntimeError("CrossEntropy.backward called before forward (or twice for one forward)")
         n, c = probs.shape
         xp = np if isinstance(probs, np.ndarray) else _namespace(probs)
-        g = self.buffer("g", probs.shape, probs.dtype, xp)
+        # The gradient overwrites the probabilities in place: nothing reads them after this.
+        g, self._probs = probs, None
         eps = self.label_smoothing
         if eps:
-            xp.subtract(probs, eps / c, out=g)
-        else:
-            g[...] = probs
+            g -= eps / c
         g[xp.arange(n), labels] -= 1.0 - eps
         g *= scale / max(n, 1)
         return g

@@ -20,7 +20,7 @@ import numpy as np
 
 from neuroflow.composites import input_layer
 from neuroflow.errors import ConfigError
-from neuroflow.memory.planner import Plan, place
+from neuroflow.memory.planner import ALIGNMENT, Plan, place
 from neuroflow.memory.trace import Slot, TracingPool
 from neuroflow.operator import Operator
 
@@ -62,7 +62,7 @@ class MemoryReport:
 
     @property
     def predicted_peak_bytes(self) -> int:
-        return self.static_bytes + self.arena_bytes
+        return self.static_bytes + self.arena_bytes + ALIGNMENT  # the arena is over-allocated to align it
 
     def fits(self, reserve_bytes: int = 0) -> bool:
         """Whether the predicted peak, plus ``reserve_bytes`` kept for input data, is within the budget."""

@@ -61,12 +61,14 @@ class Adam(Optimizer):
         v *= beta2
         v += scratch
 
+        # m / (sqrt(v)/c + eps) == c·m / (sqrt(v) + eps·c) with c = sqrt(1 - beta2^t): folding c into eps and
+        # the step size saves a pass over the parameters.
         t = self.step_count
+        c = math.sqrt(1.0 - beta2**t)
         xp.sqrt(v, out=scratch)
-        scratch /= math.sqrt(1.0 - beta2**t)
-        scratch += self.eps
+        scratch += self.eps * c
         xp.divide(m, scratch, out=scratch)
-        scratch *= lr / (1.0 - beta1**t)
+        scratch *= lr * c / (1.0 - beta1**t)
         data -= scratch
 
 
