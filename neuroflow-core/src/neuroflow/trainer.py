@@ -57,6 +57,9 @@ class Trainer(MemoryRuntime):
         memory_budget_mb: float | None = None,
         memory_pool_size_mb: float | None = None,
         enable_async_unload: bool = False,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_every: int | None = None,
+        keep_checkpoints: int = 3,
     ) -> None:
         if not isinstance(model, Operator):
             raise TypeError(f"Trainer needs an Operator model; got {type(model).__name__}")
@@ -66,6 +69,12 @@ class Trainer(MemoryRuntime):
             raise ConfigError(f"gradient_accumulation_steps must be a positive integer; got {gradient_accumulation_steps!r}")
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ConfigError(f"clip_grad_norm must be positive; got {clip_grad_norm!r}")
+        if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
+            raise ConfigError(f"checkpoint_every must be a positive integer (steps); got {checkpoint_every!r}")
+        if checkpoint_every is not None and checkpoint_dir is None:
+            raise ConfigError("checkpoint_every needs checkpoint_dir: where to write the checkpoints")
+        if not isinstance(keep_checkpoints, int) or keep_checkpoints < 1:
+            raise ConfigError(f"keep_checkpoints must be a positive integer; got {keep_checkpoints!r}")
         from neuroflow import optim, random
 
         self.model = model
@@ -105,6 +114,12 @@ class Trainer(MemoryRuntime):
         self._pool: BufferPool | None = None
         self._stop_requested = False
         self._classification = isinstance(self.loss, CrossEntropy)
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self.keep_checkpoints = keep_checkpoints
+        self._resume_data: dict[str, int] | None = None
+        self._resumed = False
+        self._epoch_complete = False
 
     # ------------------------------------------------------------------ setup
     def _ensure_ready(self) -> None:
@@ -247,23 +262,42 @@ class Trainer(MemoryRuntime):
         if steps_per_epoch == 0:
             raise ConfigError("the training data is empty")
         self._ensure_ready()
+        resumed, self._resumed = self._resumed, False
+        if resumed:
+            # fit after resume() finishes the interrupted run: ``epochs`` counts from its start.
+            if epochs < self.epoch:
+                raise ConfigError(f"the checkpoint is in epoch {self.epoch}; fit(epochs={epochs}) would end before it")
+            state = self._resume_data
+            if state is not None:
+                loader.load_state_dict(state)
+            # the loader's epochs count from 0; a position of 0 means the saved epoch had finished
+            first = int(state["epoch"]) + 1 if state is not None else self.epoch + 1
+            continuing = state is not None and int(state["position"]) > 0
+            target = epochs
+        else:
+            first, target, continuing = self.epoch + 1, self.epoch + epochs, False
+        self._resume_data = None
         if self.scheduler is not None:
-            self.scheduler.bind(self.optimizer.lr, steps_per_epoch, steps_per_epoch * (self.epoch + epochs))
+            self.scheduler.bind(self.optimizer.lr, steps_per_epoch, steps_per_epoch * target)
         hooks = self._hooks()
         hooks.neuroflow_train_start(trainer=self)
         self._stop_requested = False
         previous_handler = self._install_interrupt_handler()
         try:
-            for _ in range(epochs):
-                self.epoch += 1
-                metrics = self._train_epoch(loader, steps_per_epoch, epochs)
+            for epoch in range(first, target + 1):
+                if not (continuing and epoch == first):
+                    loader.set_epoch(epoch - 1)
+                self.epoch = epoch
+                metrics = self._train_epoch(loader, steps_per_epoch, target)
                 if val_data is not None and not self._stop_requested:
                     val = self.evaluate(val_data)
                     metrics.update({f"val_{key}": value for key, value in val.items()})
                 hooks.neuroflow_epoch_end(trainer=self, epoch=self.epoch, metrics=metrics)
                 self.history.append(metrics)
+                if self.checkpoint_every is not None and self._epoch_complete:
+                    self.save_checkpoint(loader)  # again, now with the epoch's metrics in the history
                 if self.progress:
-                    print_epoch_metrics(self.epoch, epochs, metrics)
+                    print_epoch_metrics(self.epoch, target, metrics)
                 if self._stop_requested:
                     self.history.interrupted = True
                     break
@@ -272,6 +306,33 @@ class Trainer(MemoryRuntime):
             hooks.neuroflow_train_end(trainer=self, history=self.history)
         return self.history
 
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, loader: Any = None) -> Any:
+        """Write model, optimizer, scheduler, RNG states, step and data position to ``checkpoint_dir`` atomically."""
+        from neuroflow.checkpoint.training import save_training_checkpoint
+
+        if self.checkpoint_dir is None:
+            raise ConfigError("save_checkpoint needs Trainer(checkpoint_dir=...)")
+        return save_training_checkpoint(self, self.checkpoint_dir, self.keep_checkpoints, loader=loader)
+
+    def resume(self, checkpoint: str | os.PathLike[str] | None = None) -> Any:
+        """Restore the newest checkpoint in ``checkpoint`` (a directory or file; default ``checkpoint_dir``).
+
+        The next ``fit(data, epochs=E)`` then finishes the interrupted run
+        of E epochs from the step it stopped at; on cpu the result is bit
+        for bit what an uninterrupted run gives.
+        """
+        from neuroflow.checkpoint.training import load_training_checkpoint
+
+        source = checkpoint if checkpoint is not None else self.checkpoint_dir
+        if source is None:
+            raise ConfigError("resume needs a checkpoint directory or file")
+        self._ensure_ready()
+        info = load_training_checkpoint(self, source)
+        self._resume_data = info.data
+        self._resumed = True
+        return info
+
     def _train_epoch(self, loader: Any, steps: int, epochs: int) -> dict[str, float]:
         start = time.perf_counter()
         bar = EpochProgress(self.epoch, epochs, steps, enabled=self.progress)
@@ -279,6 +340,7 @@ class Trainer(MemoryRuntime):
         loss_sum, correct, seen = 0.0, 0, 0
         window: list[tuple[Any, Any]] = []
         batches = iter(loader)
+        self._epoch_complete = False
         try:
             for x, y in batches:
                 window.append((x, y))
@@ -289,19 +351,26 @@ class Trainer(MemoryRuntime):
                 loss_sum, correct, seen = loss_sum + loss * n, correct + hits, seen + n
                 window = []
                 bar.update(loss)
+                if self.checkpoint_every is not None and self.step % self.checkpoint_every == 0:
+                    self.save_checkpoint(loader)
                 if self._stop_requested:
                     break
+            else:
+                self._epoch_complete = not window
             if window and not self._stop_requested:
                 loss, hits = self._optimisation_step(window)
                 n = sum(len(b[0]) for b in window)
                 loss_sum, correct, seen = loss_sum + loss * n, correct + hits, seen + n
                 bar.update(loss)
+                if self.checkpoint_every is not None and self.step % self.checkpoint_every == 0:
+                    self.save_checkpoint(loader)
+                self._epoch_complete = True
         finally:
             close = getattr(batches, "close", None)
             if close is not None:
                 close()
             bar.close()
-        metrics: dict[str, float] = {"epoch": self.epoch, "loss": loss_sum / max(seen, 1)}
+        metrics: dict[str, float] = {"epoch": self.epoch, "loss": loss_sum / seen if seen else math.nan}
         if self._classification:
             metrics["accuracy"] = correct / max(seen, 1)
         if self.scheduler is not None:

@@ -1,0 +1,292 @@
+"""A model's topology as JSON, and the model rebuilt from it through the op registry.
+
+Each op becomes ``{"type": name, "config": op.get_config()}``, where ``name``
+is the op's entry point in the ``neuroflow_ops`` group and the config holds its
+constructor's keyword arguments. An op whose constructor takes child operators
+(a composite) also gets ``"children": [...]``; how to list them and pass them
+back is its *child codec*, registered with :func:`register_children`. The core's
+Sequential, Residual and Concat have theirs below; a plugin registers its own
+composites the same way when its module is imported, and a subclass whose
+constructor still takes the children (``ChannelConcat(*branches, layout=...)``)
+inherits its parent's. Ops that build their children themselves from their
+config (``ResNet(depth=18)``) need no codec. Saving checks each op's config
+(and children) against its constructor's signature, so a model that could not
+be rebuilt is refused when it is saved, not when it is loaded.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from importlib import metadata as importlib_metadata
+from typing import Any, cast
+
+from neuroflow import registry
+from neuroflow.checkpoint.allocation_guard import limit_random_draws
+from neuroflow.checkpoint.errors import CheckpointError
+from neuroflow.composites import Concat, Residual, Sequential
+from neuroflow.errors import NeuroFlowError
+from neuroflow.operator import Operator
+
+MAX_DEPTH = 64
+MAX_NODES = 100_000
+
+Children = Callable[[Operator], Sequence[Operator]]
+Build = Callable[[type[Operator], dict[str, Any], list[Operator]], Operator]
+
+
+def _positional(cls: type[Operator], config: dict[str, Any], children: list[Operator]) -> Operator:
+    return cls(*children, **config)
+
+
+@dataclass(frozen=True)
+class ChildCodec:
+    """How a composite's child operators are listed for saving and handed back to its constructor."""
+
+    children: Children
+    build: Build
+
+
+_CODECS: dict[type[Operator], ChildCodec] = {}
+
+
+def register_children(cls: type[Operator], children: Children, build: Build | None = None) -> None:
+    """Declare that ``cls``'s constructor takes child operators.
+
+    ``children(op)`` lists them in the order to save; ``build(cls, config,
+    children)`` makes the operator again (default: ``cls(*children, **config)``).
+    Subclasses inherit the codec while their constructor accepts the
+    children the same way (checked against its signature at save time).
+
+    >>> register_children(MyBlock, lambda op: [op.inner])
+    """
+    _CODECS[cls] = ChildCodec(children, build or _positional)
+
+
+def child_codec(cls: type[Operator]) -> ChildCodec | None:
+    """The codec registered for ``cls`` or its nearest ancestor that has one."""
+    for klass in cls.__mro__:
+        codec = _CODECS.get(klass)
+        if codec is not None:
+            return codec
+    return None
+
+
+def _layers(op: Operator) -> Sequence[Operator]:
+    return cast(Sequential, op).layers
+
+
+def _block_and_shortcut(op: Operator) -> Sequence[Operator]:
+    residual = cast(Residual, op)
+    return [residual.block, residual.shortcut] if residual.has_shortcut else [residual.block]
+
+
+def _branches(op: Operator) -> Sequence[Operator]:
+    return cast(Concat, op).branches
+
+
+register_children(Sequential, _layers)
+register_children(Residual, _block_and_shortcut)
+register_children(Concat, _branches)
+
+
+# --------------------------------------------------------------------------- model → JSON
+def describe(model: Operator) -> dict[str, Any]:
+    """The JSON-able topology of ``model``: its op tree plus the distribution and version of each op type."""
+    ops: dict[str, dict[str, str | None]] = {}
+    root = _node(model, ops, "model")
+    return {"root": root, "ops": ops}
+
+
+def _node(op: Operator, ops: dict[str, dict[str, str | None]], where: str) -> dict[str, Any]:
+    name = registered_name(op, where)
+    if name not in ops:
+        dist = registry.ops.distribution(name)
+        ops[name] = {"distribution": dist, "version": _version(dist)}
+    config = op.get_config()
+    try:
+        json.dumps(config)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{where} ({name}): get_config() returned {config!r}, which is not JSON ({exc})") from None
+    node: dict[str, Any] = {"type": name, "config": config}
+    children = _constructor_children(op, name, config, where)
+    if children is not None:
+        node["children"] = [_node(child, ops, f"{where}.{i}") for i, child in enumerate(children)]
+    return node
+
+
+def registered_name(op: Operator, where: str = "model") -> str:
+    """The name under which ``type(op)`` is registered in the ``neuroflow_ops`` group."""
+    cls = type(op)
+    candidates = [cls.__name__] + [n for n in registry.ops.names() if n != cls.__name__]
+    for name in candidates:
+        if name not in registry.ops:
+            continue
+        try:
+            if registry.ops.get(name) is cls:
+                return name
+        except NeuroFlowError:
+            continue
+    raise CheckpointError(
+        f"{where} is a {cls.__module__}.{cls.__qualname__}, which is not a registered op, so a model file "
+        "could not rebuild it; register it as a 'neuroflow_ops' entry point (or registry.ops.register(name, cls))"
+    )
+
+
+def _version(dist: str | None) -> str | None:
+    if dist is None:
+        return None
+    try:
+        return importlib_metadata.version(dist)
+    except importlib_metadata.PackageNotFoundError:
+        return None
+
+
+def _constructor_children(op: Operator, name: str, config: dict[str, Any], where: str) -> list[Operator] | None:
+    """The child ops to pass to ``op``'s constructor, None when it takes only its config; raises if neither works."""
+    cls = type(op)
+    codec = child_codec(cls)
+    try:
+        signature: inspect.Signature | None = inspect.signature(cls)
+    except (TypeError, ValueError):  # no introspectable signature: trust the codec or the config
+        signature = None
+    if codec is not None:
+        children = list(codec.children(op))
+        if signature is None or _binds(signature, children, config):
+            return children
+    if signature is None or _binds(signature, [], config):
+        takes_positional = any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values()) if signature else False
+        if takes_positional and any(True for _ in op.children()):
+            raise CheckpointError(
+                f"{where} ({name}) has child ops that its constructor takes positionally; register a child codec "
+                "with neuroflow.checkpoint.register_children so a model file can pass them back"
+            )
+        return None
+    missing = [
+        p.name for p in signature.parameters.values()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in config
+    ]
+    problem = f"lacks the constructor argument(s) {', '.join(missing)}" if missing else "does not fit its constructor"
+    raise CheckpointError(
+        f"{where} ({name}): get_config() {problem}, so the op cannot be rebuilt; return them from get_config(), "
+        "or, when they are child operators, register a child codec with neuroflow.checkpoint.register_children"
+    )
+
+
+def _binds(signature: inspect.Signature, children: list[Operator], config: dict[str, Any]) -> bool:
+    try:
+        signature.bind(*children, **config)
+    except TypeError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- JSON → model
+def validate(topology: Any, source: str) -> dict[str, Any]:
+    """Check the structure of a topology read from a file (types, nesting, size); returns it."""
+    if not isinstance(topology, dict) or not isinstance(topology.get("root"), dict):
+        raise CheckpointError(f"{source}: topology must be an object with a 'root' op")
+    ops = topology.get("ops", {})
+    if not isinstance(ops, dict) or not all(isinstance(v, dict) for v in ops.values()):
+        raise CheckpointError(f"{source}: topology 'ops' must map op names to objects")
+    count = 0
+    for node, depth, where in _walk(topology["root"], source):
+        count += 1
+        if depth > MAX_DEPTH or count > MAX_NODES:
+            raise CheckpointError(f"{source}: topology is nested deeper than {MAX_DEPTH} or has over {MAX_NODES} ops")
+        if not isinstance(node.get("type"), str) or not isinstance(node.get("config"), dict):
+            raise CheckpointError(f"{source}: op {where} needs a string 'type' and an object 'config'; got {node!r:.200}")
+        children = node.get("children")
+        if children is not None and not (isinstance(children, list) and all(isinstance(c, dict) for c in children)):
+            raise CheckpointError(f"{source}: op {where} has 'children' that is not a list of ops")
+    return topology
+
+
+def _walk(root: dict[str, Any], source: str) -> Iterator[tuple[dict[str, Any], int, str]]:
+    # Iterative, so a hostile nesting depth cannot exhaust the interpreter's stack; validate() stops at MAX_DEPTH.
+    stack: list[tuple[Any, int, str]] = [(root, 0, "model")]
+    while stack:
+        node, depth, where = stack.pop()
+        if not isinstance(node, dict):
+            raise CheckpointError(f"{source}: op {where} is a {type(node).__name__}; expected an object")
+        yield node, depth, where
+        children = node.get("children")
+        if isinstance(children, list):
+            stack.extend((child, depth + 1, f"{where}.{i}") for i, child in reversed(list(enumerate(children))))
+
+
+def resolve_op_types(topology: dict[str, Any], source: str) -> dict[str, type[Operator]]:
+    """Every op type the topology names, imported through the registry; one error lists all that are missing."""
+    names = sorted({node["type"] for node, _, _ in _walk(topology["root"], source)})
+    recorded = topology.get("ops", {})
+    found: dict[str, type[Operator]] = {}
+    problems = []
+    for name in names:
+        if name not in registry.ops:
+            dist = recorded.get(name, {}).get("distribution") or registry.KNOWN_PROVIDERS["neuroflow_ops"].get(name)
+            if isinstance(dist, str) and dist:
+                problems.append(f"op {name!r} needs the distribution {dist}: pip install {dist}")
+            else:
+                problems.append(f"unknown op {name!r} (no installed distribution provides it)")
+            continue
+        try:
+            cls = registry.ops.get(name)
+        except NeuroFlowError as exc:
+            problems.append(str(exc))
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, Operator)):
+            problems.append(f"registry entry {name!r} is {cls!r}, not an Operator class")
+            continue
+        found[name] = cls
+    if problems:
+        raise CheckpointError(f"{source}: cannot rebuild the model: " + "; ".join(problems))
+    return found
+
+
+def build(topology: dict[str, Any], source: str, held_values: int) -> Operator:
+    """The model the topology describes, with placeholder parameters that the caller overwrites.
+
+    Constructors run with the process generator replaced by a stand-in that
+    refuses draws far beyond the ``held_values`` the file holds, so a topology
+    asking for parameters the file cannot fill is refused before they are
+    allocated (see :mod:`neuroflow.checkpoint.allocation_guard`).
+    """
+    classes = resolve_op_types(topology, source)
+    with limit_random_draws(held_values, source):
+        return _build(topology["root"], classes, topology.get("ops", {}), source, "model")
+
+
+def _build(
+    node: dict[str, Any], classes: dict[str, type[Operator]], recorded: dict[str, Any], source: str, where: str
+) -> Operator:
+    name, config = node["type"], node["config"]
+    cls = classes[name]
+    codec = child_codec(cls)
+    saved_children = node.get("children")
+    if saved_children is not None and codec is None:
+        raise CheckpointError(f"{source}: op {where} ({name}) is saved with child ops but has no child codec")
+    children = [_build(c, classes, recorded, source, f"{where}.{i}") for i, c in enumerate(saved_children or [])]
+    try:
+        op = codec.build(cls, config, children) if codec is not None and saved_children is not None else cls(**config)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # a hostile config can make a constructor raise anything
+        saved = recorded.get(name, {}).get("version")
+        installed = _version(registry.ops.distribution(name))
+        versions = f" (saved with version {saved}, installed {installed})" if saved != installed else ""
+        raise CheckpointError(
+            f"{source}: cannot rebuild op {where} ({name}) from config {config!r:.300}{versions}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    if type(op) is not cls:
+        raise CheckpointError(f"{source}: op {where}: building {name} gave a {type(op).__name__}")
+    return op
+
+
+def named_modules(model: Operator, prefix: str = "") -> Iterator[tuple[str, Operator]]:
+    """Every operator in ``model`` under its dotted path (the root is ``""``), parents first."""
+    yield prefix, model
+    for name, child in model.named_children():
+        yield from named_modules(child, f"{prefix}.{name}" if prefix else name)
