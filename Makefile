@@ -25,6 +25,8 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/mlp.py
+	$(PY) benchmarks/import_cost.py
+	$(PY) benchmarks/memory.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,61 @@
+"""benchmarks/mlp.py runs end to end and prints its tables in the documented shape; timings are never asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+CONTENDERS = ["NeuroFlow", "PyTorch", "numpy"] if HAS_TORCH else ["NeuroFlow", "numpy"]
+
+
+def markdown_tables(text: str) -> list[list[list[str]]]:
+    """Every markdown table in ``text`` as rows of cells, the header first and the rule line dropped."""
+    tables: list[list[list[str]]] = []
+    current: list[list[str]] = []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            if not all(set(cell) <= set("-:") for cell in cells):
+                current.append(cells)
+        elif current:
+            tables.append(current)
+            current = []
+    return tables
+
+
+def test_mlp_benchmark_quick_prints_its_tables(tmp_path):
+    report_file = tmp_path / "mlp.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "mlp.py"), "--quick", "--batches", "16", "--threads", "1",
+         "--rounds", "2", "--steps", "2", "--warmup", "1", "--pause", "0", "--json", str(report_file)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    timing, cross_check, memory = markdown_tables(done.stdout)
+
+    ratios = ["NeuroFlow/PyTorch", "numpy/PyTorch"] if HAS_TORCH else []
+    assert timing[0] == ["batch", "threads", *(f"{c} ms" for c in CONTENDERS), *ratios, "NeuroFlow/numpy", "spread"]
+    assert [row[:2] for row in timing[1:]] == [["16", "1"]]
+    for row in timing[1:]:
+        assert all(float(ms) > 0 for ms in row[2:2 + len(CONTENDERS)])
+        assert all(cell.endswith("×") and float(cell[:-1]) > 0 for cell in row[2 + len(CONTENDERS):-1])
+
+    assert [row[:2] for row in cross_check[1:]] == [["16", "1"]]
+
+    assert memory[0][:6] == ["batch", "threads", "contender", "RSS after setup MB", "first step rise MB",
+                             "later steps rise MB"]
+    assert len(memory[0]) == (7 if HAS_TORCH else 6)
+    assert [row[:3] for row in memory[1:]] == [["16", "1", c] for c in CONTENDERS]
+
+    report = json.loads(report_file.read_text())
+    assert report["settings"]["contenders"] == CONTENDERS
+    for result in report["results"]:
+        assert {name: len(s) for name, s in result["samples_s"].items()} == {name: 2 for name in CONTENDERS}
+        # The workers start from the same weights on the same batch, so their first losses agree.
+        first = [w["first_losses"][0] for w in result["workers"].values()]
+        assert max(first) - min(first) < 1e-3
