@@ -60,6 +60,7 @@ class Trainer(MemoryRuntime):
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int | None = None,
         keep_checkpoints: int = 3,
+        lora_fusion: bool = False,
     ) -> None:
         if not isinstance(model, Operator):
             raise TypeError(f"Trainer needs an Operator model; got {type(model).__name__}")
@@ -120,10 +121,15 @@ class Trainer(MemoryRuntime):
         self._resume_data: dict[str, int] | None = None
         self._resumed = False
         self._epoch_complete = False
+        self.lora_fusion = bool(lora_fusion)
 
     # ------------------------------------------------------------------ setup
     def _ensure_ready(self) -> None:
         """Place the model on the backend, pack parameters and bind the optimizer (once)."""
+        if self.lora_fusion and self._flat is None:
+            from neuroflow.lora import mark_only_lora_as_trainable
+
+            mark_only_lora_as_trainable(self.model)  # base weights read-only: no gradient, no optimizer state
         params = self.model.trainable_parameters()
         if self._flat is not None and self._flat.owns(params):
             return
@@ -141,6 +147,12 @@ class Trainer(MemoryRuntime):
             capacity = self._arena_capacity(0)
             low_water = capacity // 4 if capacity else 64 * 2**20  # a quarter of the pool, or 64 MiB
             self.offload = OffloadManager(self.backend, cold, low_water)
+
+    def _place_model(self) -> None:
+        """Put the model on the backend for inference; nothing is packed or bound (a frozen model is fine)."""
+        if self.model._backend is not self.backend:
+            self.model.to(self.backend)
+            self._flat = None  # parameters were rebound; pack again before the next training step
 
     def _attach(self, pool: Any) -> None:
         self._pool = pool
@@ -380,7 +392,7 @@ class Trainer(MemoryRuntime):
 
     def evaluate(self, data: Any) -> dict[str, float]:
         """Mean loss (and accuracy for classification) over ``data`` in eval mode."""
-        self._ensure_ready()
+        self._place_model()
         loader = self._loader(data, shuffle=False)
         model, backend = self.model, self.backend
         if self.offload is not None:
@@ -407,7 +419,7 @@ class Trainer(MemoryRuntime):
 
     def predict(self, x: Any) -> np.ndarray:
         """Model outputs for host array ``x`` as a host array (class probabilities for CrossEntropy)."""
-        self._ensure_ready()
+        self._place_model()
         x = np.asarray(x)
         model, backend = self.model, self.backend
         if self.offload is not None:
