@@ -128,6 +128,8 @@ def trace_step(
     saved_pool = model._pool
     saved_loss_pool = getattr(loss, "_pool", None)
     snapshot = _snapshot(model)
+    for module, _ in snapshot["states"]:
+        module.reset_state()  # type: ignore[attr-defined]
     tracer = TracingPool(xp)
     tracer.grads_zeroed = accumulation == 1
     for param in model.trainable_parameters():
@@ -178,6 +180,8 @@ def _snapshot(model: Operator) -> dict[str, Any]:
         "rngs": [(m, copy.deepcopy(m.rng.bit_generator.state)) for m in model.modules()  # type: ignore[attr-defined]
                  if isinstance(getattr(m, "rng", None), np.random.Generator)],
         "training": model.training,
+        # recurrent ops carry a hidden state across calls: trace from zeros, put theirs back after
+        "states": [(m, _copy_state(m.state)) for m in model.modules() if callable(getattr(m, "reset_state", None))],
     }
 
 
@@ -192,6 +196,16 @@ def _restore(model: Operator, snapshot: dict[str, Any]) -> None:
     for module, state in snapshot["rngs"]:
         module.rng.bit_generator.state = state  # type: ignore[attr-defined]
     model.train(snapshot["training"])
+    for module, state in snapshot["states"]:
+        module.state = state  # type: ignore[attr-defined]
+
+
+def _copy_state(state: Any) -> Any:
+    if state is None:
+        return None
+    if isinstance(state, (tuple, list)):
+        return tuple(s.copy() for s in state)
+    return state.copy()
 
 
 class BatchModel:
