@@ -314,3 +314,53 @@ def test_debug_backward_layer_filter_and_random_data(workdir, capsys):
     assert "Linear(6→8)" in table and "Linear(8→3)" in table and "ReLU" not in table
     assert main(["debug-backward", "--model", path, "--layer", "conv2d"]) == 2
     assert "no layer of type 'conv2d' in the model; its layer types: Linear, ReLU" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- train: resume, --save, LoRA
+def test_resume_needs_checkpoint_dir_in_the_config(workdir, capsys):
+    assert main(["train", config(workdir), "--resume"]) == 2
+    assert "--resume needs checkpoint_dir = \"...\" in the config" in capsys.readouterr().err
+
+
+def test_resume_finishes_the_run_from_the_newest_checkpoint(workdir, capsys):
+    path = Path(config(workdir))
+    path.write_text("checkpoint_dir = 'ckpt'\ncheckpoint_every = 1\nkeep_checkpoints = 2\n" + path.read_text())
+    assert main(["train", str(path), "--resume"]) == 1  # nothing written yet
+    assert str(workdir / "ckpt") in capsys.readouterr().err
+    assert main(["train", str(path), "--epochs", "1"]) == 0  # 48 samples in batches of 16: steps 1-3
+    assert sorted(p.name for p in (workdir / "ckpt").iterdir()) == ["ckpt-00000002.safetensors",
+                                                                    "ckpt-00000003.safetensors"]
+    capsys.readouterr()
+    assert main(["train", str(path), "--epochs", "2", "--resume"]) == 0
+    out, err = capsys.readouterr()
+    assert f"resumed from {workdir / 'ckpt' / 'ckpt-00000003.safetensors'} at step 3 (epoch 1)" in out
+    assert "epoch 2/2" in err and "epoch 1/2" not in err
+    assert (workdir / "ckpt" / "ckpt-00000006.safetensors").is_file()
+
+
+def test_save_flag_overrides_output_save_and_is_relative_to_the_current_directory(workdir, monkeypatch):
+    elsewhere = workdir / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    path = config(workdir, DATA + "[output]\nsave = 'from_config.safetensors'\n")
+    assert main(["train", path, "--save", "out/model.safetensors"]) == 0
+    assert not (workdir / "from_config.safetensors").exists()
+    assert [repr(op) for op in neuroflow.load(elsewhere / "out" / "model.safetensors")][0] == "Linear(6→8)"
+
+
+def test_lora_config_fine_tunes_a_saved_model_then_fuses_and_saves_a_plain_one(workdir, capsys):
+    assert main(["train", config(workdir), "--save", str(workdir / "base.safetensors")]) == 0
+    lora = workdir / "lora.toml"
+    lora.write_text("epochs = 2\nbatch_size = 16\nseed = 0\nlora_fusion = true\n"
+                    "[model]\nfrom = 'base.safetensors'\n[lora]\nrank = 2\nalpha = 4\ntargets = ['Linear']\n"
+                    f"{DATA}[output]\nsave = 'fused.safetensors'\nfuse = true\n")
+    capsys.readouterr()
+    assert main(["train", str(lora)]) == 0
+    out = capsys.readouterr().out
+    assert "LoRALinear(Linear(6→8), rank=2, alpha=4)" in out and "fused the LoRA adapters into the base weights" in out
+    base = dict(neuroflow.load(workdir / "base.safetensors").named_parameters())
+    fused = dict(neuroflow.load(workdir / "fused.safetensors").named_parameters())
+    assert list(fused) == list(base) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    for name in ("0.bias", "2.bias"):  # lora_fusion: only the adapters trained
+        np.testing.assert_array_equal(fused[name].data, base[name].data)
+    assert not np.allclose(fused["0.weight"].data, base["0.weight"].data)

@@ -279,3 +279,184 @@ def test_reshape_target_is_given_as_an_array_or_a_number(tmp_path):
     assert model.forward(np.zeros((4, 6), np.float32)).shape == (4, 6)
     flat = load_config(write(tmp_path, "[model]\nlayers = [{type = 'Reshape', shape = 6}]")).build_model()
     assert flat.forward(np.zeros((4, 2, 3), np.float32)).shape == (4, 6)
+
+
+# ---------------------------------------------------------------- new tables and keys
+@pytest.mark.parametrize(("text", "expected"), [
+    ("[model]\nname = 'x'\n[lora]\nranks = 4", r"unknown key 'ranks' in \[lora\]; valid keys: rank, alpha, dropout, targets"),
+    ("[model]\nfrom = 'a.safetensors'\nwidth = 3",
+     r"unknown key 'width' in \[model\]; valid keys: name, layers, from, input_shape"),
+    ("[model]\nname = 'x'\n[data]\ndataset = 'sunspots'\nwindow = 4\nwindw = 5",
+     r"unknown key 'windw' in \[data\]; valid keys: dataset, .*, window, horizon, split"),
+    ("checkpoint_dirs = 'c'\n[model]\nname = 'x'",
+     r"unknown key 'checkpoint_dirs' at the top level; valid keys: .*checkpoint_dir, checkpoint_every, "
+     r"keep_checkpoints, lora_fusion, .*\[lora\]"),
+    ("[model]\nname = 'x'\n[output]\nsave = 'a'\nfused = true", r"unknown key 'fused' in \[output\]; valid keys: save, fuse, quantize"),
+])
+def test_unknown_new_keys_name_the_key_the_table_and_the_valid_keys(tmp_path, text, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(write(tmp_path, text))
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("[model]\nname = 'x'\n[lora]\nrank = '8'", r"\[lora\]: 'rank' must be an integer; got '8'"),
+    ("[model]\nname = 'x'\n[lora]\nalpha = 'big'", r"\[lora\]: 'alpha' must be a number"),
+    ("[model]\nname = 'x'\n[lora]\ntargets = 'Linear'", r"\[lora\]: 'targets' must be an array; got 'Linear'"),
+    ("[model]\nname = 'x'\n[lora]\ntargets = []", r"\[lora\] 'targets' must be a non-empty array of op type names"),
+    ("[model]\nname = 'x'\n[lora]\ntargets = [4]", r"\[lora\] 'targets' must be a non-empty array .*got \[4\]"),
+    ("[model]\nfrom = 3", r"\[model\]: 'from' must be a string; got 3"),
+    ("[model]\nname = 'x'\n[output]\nsave = 'a'\nfuse = 1", r"\[output\]: 'fuse' must be true or false; got 1"),
+    ("[model]\nname = 'x'\n[data]\ndataset = 'sunspots'\nwindow = 16.5", r"\[data\]: 'window' must be an integer"),
+    ("[model]\nname = 'x'\n[data]\ndataset = 'sunspots'\nwindow = 8\nsplit = '80%'", r"\[data\]: 'split' must be a number"),
+    ("checkpoint_every = '10'\n[model]\nname = 'x'", r"'checkpoint_every' must be an integer; got '10'"),
+    ("lora_fusion = 1\n[model]\nname = 'x'", r"'lora_fusion' must be true or false; got 1"),
+])
+def test_new_keys_have_their_types_checked(tmp_path, text, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(write(tmp_path, text))
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    ("dataset = 'sunspots'", r"dataset = 'sunspots' needs window = N"),
+    ("dataset = 'sunspots'\nwindow = 8\nnormalize = true", r"'normalize' goes with the image datasets"),
+    ("dataset = 'mnist'\nwindow = 8\nsplit = 0.5", r"'window', 'split' go with a series dataset \(sunspots\)"),
+    ("train = 'a.npz'\nhorizon = 2", r"'horizon' goes with a series dataset"),
+    ("dataset = 'sunspots'\nwindow = 0", r"'window' must be a positive integer; got 0"),
+    ("dataset = 'sunspots'\nwindow = 8\nhorizon = 0", r"'horizon' must be a positive integer; got 0"),
+    ("dataset = 'sunspots'\nwindow = 8\nsplit = 1", r"'split' is the fraction of windows to train on, between 0 and 1; got 1"),
+])
+def test_series_data_keys_are_checked(tmp_path, data, expected):
+    with pytest.raises(ConfigError, match=expected):
+        tiny(tmp_path, f"[data]\n{data}")
+
+
+def sunspot_config(tmp_path: Path, data: str = "") -> Config:
+    return load_config(write(tmp_path, f"[model]\nlayers = [{{type = 'Flatten'}}]\n[data]\ndataset = 'sunspots'\n{data}"))
+
+
+def test_sunspots_are_time_ordered_windows_standardised_by_the_training_part(tmp_path):
+    from neuroflow_ops_recurrent.data import sunspots
+
+    _, values = sunspots()
+    config = sunspot_config(tmp_path, "window = 16")
+    train, test = config.build_data()
+    pairs = len(values) - 16
+    assert (len(train), len(test)) == (int(0.8 * pairs), pairs - int(0.8 * pairs))
+    assert train.x.shape == (len(train), 16, 1) and train.y.shape == (len(train), 1) and train.x.dtype == np.float32
+    seen = values[:len(train) + 16]  # every value a training pair reads or predicts, and no later one
+    assert (test.mean, test.std) == (train.mean, train.std) == pytest.approx((seen.mean(), seen.std()))
+    original = np.concatenate([train.y, test.y])[:, 0] * train.std + train.mean
+    np.testing.assert_allclose(original, values[16:], rtol=1e-5, atol=1e-3)  # no shuffling across the split
+    np.testing.assert_allclose(test.x[0, :, 0] * test.std + test.mean, values[len(train):len(train) + 16], rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(test.persistence(), test.x[:, -1])
+    assert type(config.build_loss()).__name__ == "MSE"
+
+
+def test_sunspots_horizon_and_split_choose_the_target_and_the_boundary(tmp_path):
+    from neuroflow_ops_recurrent.data import sunspots
+
+    _, values = sunspots()
+    train, test = sunspot_config(tmp_path, "window = 8\nhorizon = 3\nsplit = 0.5").build_data()
+    pairs = len(values) - 8 - 3 + 1
+    assert (len(train), len(test)) == (pairs // 2, pairs - pairs // 2)
+    # window i covers values[i:i+8] and forecasts values[i+8+2]
+    np.testing.assert_allclose(train.x[5, :, 0] * train.std + train.mean, values[5:13], rtol=1e-5, atol=1e-4)
+    assert float(train.y[5, 0] * train.std + train.mean) == pytest.approx(values[15], rel=1e-5)
+    assert float(test.y[-1, 0] * test.std + test.mean) == pytest.approx(values[-1], rel=1e-5)
+    with pytest.raises(ConfigError, match=r"window = 400, horizon = 1 and split = 0.8 leave 0 training and 0 held-out"):
+        sunspot_config(tmp_path, "window = 400").build_data()
+
+
+def test_sunspots_without_the_recurrent_package_says_what_to_install(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "neuroflow_ops_recurrent", None)
+    with pytest.raises(ConfigError, match=r"comes with neuroflow-ops-recurrent: pip install neuroflow-ops-recurrent"):
+        sunspot_config(tmp_path, "window = 4").build_data()
+
+
+def save_tiny(tmp_path: Path, name: str = "base.safetensors") -> tuple[Path, object]:
+    import neuroflow as nf
+
+    model = tiny(tmp_path).build_model()
+    path = tmp_path / name
+    nf.save(model, path)
+    return path, model
+
+
+def test_model_from_loads_a_saved_model_relative_to_the_config(tmp_path):
+    _, saved = save_tiny(tmp_path)
+    config = load_config(write(tmp_path, "[model]\nfrom = 'base.safetensors'\ninput_shape = [6]"))
+    model = config.build_model()
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    np.testing.assert_array_equal(model.forward(x), saved.forward(x))
+    assert config.input_shape == (6,)
+
+
+def test_model_from_is_exclusive_and_a_missing_file_says_how_to_make_one(tmp_path):
+    with pytest.raises(ConfigError, match=r"exactly one of name .* and from = .*; got layers, from"):
+        load_config(write(tmp_path, "[model]\nlayers = [{type = 'ReLU'}]\nfrom = 'a.safetensors'"))
+    config = load_config(write(tmp_path, "[model]\nfrom = 'nothing.safetensors'"))
+    with pytest.raises(ConfigError, match=r"\[model\] from: file '.*nothing.safetensors' not found; .*--save PATH"):
+        config.build_model()
+
+
+LORA = "[lora]\nrank = 2\nalpha = 4\ntargets = ['Linear']\n"
+
+
+def test_lora_table_puts_adapters_on_a_loaded_model_and_lora_fusion_reaches_the_trainer(tmp_path):
+    from neuroflow.lora import LoRALinear
+
+    save_tiny(tmp_path)
+    config = load_config(write(tmp_path, "lora_fusion = true\nseed = 1\n[model]\nfrom = 'base.safetensors'\n" + LORA))
+    model = config.build_model()
+    adapters = [op for op in model.modules() if isinstance(op, LoRALinear)]
+    assert [(a.rank, a.alpha) for a in adapters] == [(2, 4.0), (2, 4.0)]
+    # the seed makes the adapters' initialisation reproducible
+    again = load_config(write(tmp_path, "seed = 1\n[model]\nfrom = 'base.safetensors'\n" + LORA)).build_model()
+    np.testing.assert_array_equal(adapters[0].lora_A.data, next(op for op in again.modules()
+                                                                 if isinstance(op, LoRALinear)).lora_A.data)
+    trainer = config.build_trainer(model)
+    assert trainer.lora_fusion is True
+    trainer.train_step(np.ones((3, 6), np.float32), np.array([0, 1, 2]))
+    trainable = sorted(name for name, p in model.named_parameters() if p.requires_grad)
+    assert trainable == ["0.lora_A", "0.lora_B", "2.lora_A", "2.lora_B"]
+
+
+@pytest.mark.parametrize(("lora", "expected"), [
+    ("[lora]\nrank = 0", r"\[lora\]: LoRA rank must be a positive integer; got 0"),
+    ("[lora]\ntargets = ['Conv2d7']", r"\[lora\]: LoRA target 'Conv2d7' is neither a layer path nor an op type"),
+    ("[lora]\ntargets = ['1']", r"\[lora\]: layer 1 \(ReLU\(\)\) cannot take a LoRA adapter"),
+])
+def test_lora_errors_are_config_errors_naming_the_table(tmp_path, lora, expected):
+    with pytest.raises(ConfigError, match=expected):
+        tiny(tmp_path, lora).build_model()
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("[output]\nfuse = true", r"\[output\] 'fuse' and 'quantize' go with save = "),
+    ("[output]\nsave = 'a.safetensors'\nfuse = true", r"\[output\] fuse = true need LoRA adapters, and the model has none"),
+    ("[output]\nsave = 'a.safetensors'\nquantize = 'int8'\n" + LORA,
+     r"\[output\] quantize = 'int8' needs fuse = true: the model has LoRA adapters"),
+])
+def test_fuse_and_quantize_are_checked_against_the_models_adapters(tmp_path, text, expected):
+    with pytest.raises(ConfigError, match=expected):
+        tiny(tmp_path, text).build_model()
+
+
+def test_lora_fusion_without_adapters_is_refused_before_training(tmp_path):
+    text = TINY.replace("batch_size = 16", "lora_fusion = true").format(extra="")
+    with pytest.raises(ConfigError, match=r"lora_fusion = true need LoRA adapters, and the model has none; add a \[lora\]"):
+        load_config(write(tmp_path, text)).build_model()
+    fused = tiny(tmp_path, "[output]\nsave = 'a.safetensors'\nfuse = true\nquantize = 'int8'\n" + LORA)
+    assert fused.build_model() is not None  # quantizing after fusing is allowed
+
+
+def test_checkpoint_keys_reach_the_trainer_with_the_directory_relative_to_the_config(tmp_path):
+    text = TINY.replace("batch_size = 16", "checkpoint_dir = 'ckpt'\ncheckpoint_every = 5\nkeep_checkpoints = 2")
+    config = load_config(write(tmp_path, text.format(extra="")))
+    trainer = config.build_trainer(config.build_model())
+    assert (Path(trainer.checkpoint_dir), trainer.checkpoint_every, trainer.keep_checkpoints) == (tmp_path / "ckpt", 5, 2)
+    config = load_config(write(tmp_path, TINY.replace("batch_size = 16", "checkpoint_every = 5").format(extra="")))
+    with pytest.raises(ConfigError, match="checkpoint_every needs checkpoint_dir"):
+        config.build_trainer(config.build_model())

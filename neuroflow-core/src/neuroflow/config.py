@@ -16,10 +16,12 @@ table per component::
     type = "AdamW"
     lr = 1e-3
 
-Relative paths (``[data] path/train/test``, ``[output] save``) are resolved
-against the directory of the config file. Every key is checked when the
-file is read: an unknown key or a value of the wrong type raises ConfigError
-naming the key, its table and what is valid.
+``[model] from = "base.safetensors"`` starts from a saved model instead, and
+a ``[lora]`` table puts LoRA adapters on the model. Relative paths
+(``[model] from``, ``[data] path/train/test``, ``[output] save``,
+``checkpoint_dir``) are resolved against the directory of the config file.
+Every key is checked when the file is read: an unknown key or a value of the
+wrong type raises ConfigError naming the key, its table and what is valid.
 """
 
 from __future__ import annotations
@@ -53,14 +55,24 @@ TRAINER_KEYS: dict[str, type] = {
     "enable_async_unload": bool,
     "memory_pool_size_mb": float,
     "memory_budget_mb": float,
+    "checkpoint_dir": str,
+    "checkpoint_every": int,
+    "keep_checkpoints": int,
+    "lora_fusion": bool,
 }
 #: Keys the memory runtime adds to the Trainer; passed on only when the Trainer accepts them.
 MEMORY_RUNTIME_KEYS = frozenset({"enable_async_unload", "memory_pool_size_mb", "memory_budget_mb"})
-TABLES = ("model", "data", "loss", "optimizer", "scheduler", "output")
-MODEL_KEYS: dict[str, type] = {"name": str, "layers": list, "input_shape": list}
-DATA_KEYS: dict[str, type] = {"dataset": str, "flat": bool, "normalize": bool, "path": str, "train": str, "test": str}
-DATASETS = ("mnist", "fashion_mnist")
-OUTPUT_KEYS: dict[str, type] = {"save": str, "quantize": str}
+TABLES = ("model", "data", "loss", "optimizer", "scheduler", "lora", "output")
+MODEL_KEYS: dict[str, type] = {"name": str, "layers": list, "from": str, "input_shape": list}
+DATA_KEYS: dict[str, type] = {"dataset": str, "flat": bool, "normalize": bool, "path": str, "train": str, "test": str,
+                              "window": int, "horizon": int, "split": float}
+IMAGE_DATASETS = ("mnist", "fashion_mnist")
+SERIES_DATASETS = ("sunspots",)
+DATASETS = IMAGE_DATASETS + SERIES_DATASETS
+IMAGE_KEYS = ("flat", "normalize", "path")
+SERIES_KEYS = ("window", "horizon", "split")
+LORA_KEYS: dict[str, type] = {"rank": int, "alpha": float, "dropout": float, "targets": list}
+OUTPUT_KEYS: dict[str, type] = {"save": str, "fuse": bool, "quantize": str}
 
 #: Where ``type = ...`` of each component table is looked up, and the base classes that are not choices.
 COMPONENTS: dict[str, tuple[str, frozenset[str]]] = {
@@ -148,6 +160,28 @@ def match_name(name: str, available: list[str]) -> str | None:
     return matches[0] if len(matches) == 1 else None
 
 
+class SeriesWindows:
+    """A dataset of standardised windows of a series, (samples, window, features), and the value each forecasts.
+
+    ``mean`` and ``std`` undo the standardisation: original = value · std + mean.
+    (Not an ArrayDataset subclass: importing neuroflow.data would slow every CLI start.)
+    """
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, mean: float, std: float) -> None:
+        self.x, self.y = x.astype(np.float32), y.astype(np.float32)
+        self.mean, self.std = mean, std
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: Any) -> tuple[np.ndarray, np.ndarray]:
+        return self.x[index], self.y[index]
+
+    def persistence(self) -> np.ndarray:
+        """The persistence forecast (each window's last value), the baseline a forecaster must beat."""
+        return self.x[:, -1]
+
+
 @dataclass
 class Config:
     """A validated training configuration; ``build_*`` turn it into live objects."""
@@ -159,6 +193,7 @@ class Config:
     loss: dict[str, Any] | None = None
     optimizer: dict[str, Any] | None = None
     scheduler: dict[str, Any] | None = None
+    lora: dict[str, Any] | None = None
     output: dict[str, Any] | None = None
     source: Path | None = None
 
@@ -181,31 +216,38 @@ class Config:
         epochs = trainer.pop("epochs", 1)
         model = tables.get("model")
         if model is None:
-            raise ConfigError("the config has no [model] table; give [model] name = ... or [model] layers = [...]")
+            raise ConfigError("the config has no [model] table; give [model] name = ..., layers = [...] or from = ...")
         cls._check_model(model)
         if "data" in tables:
             cls._check_data(tables["data"])
+        if "lora" in tables:
+            cls._check_lora(tables["lora"])
         if "output" in tables:
             _check_keys("[output]", tables["output"], OUTPUT_KEYS)
+            if "save" not in tables["output"] and tables["output"]:
+                raise ConfigError("[output] 'fuse' and 'quantize' go with save = \"<file>.safetensors\"")
         for name in COMPONENTS:
             if name in tables and not isinstance(tables[name].get("type"), str):
                 raise ConfigError(f"[{name}] needs type = \"...\" (a string); got {tables[name].get('type')!r}")
         return cls(trainer=trainer, epochs=epochs, model=model, data=tables.get("data"), loss=tables.get("loss"),
-                   optimizer=tables.get("optimizer"), scheduler=tables.get("scheduler"),
+                   optimizer=tables.get("optimizer"), scheduler=tables.get("scheduler"), lora=tables.get("lora"),
                    output=tables.get("output"), source=source)
 
     @staticmethod
     def _check_model(model: dict[str, Any]) -> None:
-        if ("name" in model) == ("layers" in model):
-            raise ConfigError("[model] needs exactly one of name = \"<registered model>\" and layers = [...]")
-        if "layers" in model:
+        given = [key for key in ("name", "layers", "from") if key in model]
+        if len(given) != 1:
+            raise ConfigError("[model] needs exactly one of name = \"<registered model>\", layers = [...] and "
+                              f"from = \"<file>.safetensors\"; got {', '.join(given) or 'none'}")
+        if "name" not in model:  # a builder's other keys are its arguments, checked when it is called
             _check_keys("[model]", model, MODEL_KEYS)
+        if "layers" in model:
             if not model["layers"]:
                 raise ConfigError("[model] layers is empty; list at least one {type = \"...\"} table")
             for i, layer in enumerate(model["layers"]):
                 if not isinstance(layer, dict) or not isinstance(layer.get("type"), str):
                     raise ConfigError(f"[model] layers[{i}] must be a table with type = \"<op name>\"; got {layer!r}")
-        else:
+        elif "name" in model:
             _check_type("[model]", "name", model["name"], str)
         shape = model.get("input_shape")
         if shape is not None and not (isinstance(shape, list) and shape
@@ -220,10 +262,34 @@ class Config:
             raise ConfigError("[data] needs exactly one of dataset = \"mnist\" and train = \"<file>.npz\"")
         if "dataset" in data and data["dataset"] not in DATASETS:
             raise ConfigError(f"[data] dataset {data['dataset']!r} is unknown; valid: {', '.join(DATASETS)}")
-        if "train" in data and {"flat", "path", "normalize"} & data.keys():
+        if "train" in data and data.keys() & set(IMAGE_KEYS):
             raise ConfigError("[data] 'flat', 'normalize' and 'path' go with dataset = ...; .npz files are used as they are")
         if "dataset" in data and "test" in data:
             raise ConfigError("[data] 'test' goes with train = \"<file>.npz\"; a dataset brings its own test split")
+        series = data.get("dataset") in SERIES_DATASETS
+        misplaced = [key for key in (IMAGE_KEYS if series else SERIES_KEYS) if key in data]
+        if misplaced:
+            goes_with = (f"the image datasets ({', '.join(IMAGE_DATASETS)}); a series is standardised by its "
+                         "training part" if series else f"a series dataset ({', '.join(SERIES_DATASETS)})")
+            verb = "goes" if len(misplaced) == 1 else "go"
+            raise ConfigError(f"[data] {', '.join(map(repr, misplaced))} {verb} with {goes_with}")
+        if series and "window" not in data:
+            raise ConfigError(f"[data] dataset = {data['dataset']!r} needs window = N: how many past values "
+                              "each forecast reads")
+        for key in ("window", "horizon"):
+            if key in data and data[key] < 1:
+                raise ConfigError(f"[data] {key!r} must be a positive integer; got {data[key]!r}")
+        if "split" in data and not 0 < data["split"] < 1:
+            raise ConfigError(f"[data] 'split' is the fraction of windows to train on, between 0 and 1; "
+                              f"got {data['split']!r}")
+
+    @staticmethod
+    def _check_lora(lora: dict[str, Any]) -> None:
+        _check_keys("[lora]", lora, LORA_KEYS)
+        targets = lora.get("targets")
+        if targets is not None and not (targets and all(isinstance(t, str) for t in targets)):
+            raise ConfigError("[lora] 'targets' must be a non-empty array of op type names or layer paths, "
+                              f"e.g. [\"Linear\"] or [\"0\", \"4\"]; got {targets!r}")
 
     def with_overrides(self, **changes: Any) -> Config:
         """A copy with top-level keys replaced (command-line flags); None values are ignored."""
@@ -255,12 +321,56 @@ class Config:
 
     # ------------------------------------------------------------------ building
     def build_model(self) -> Operator:
-        """The model: a registered builder called with its keys, or a Sequential of the listed layers."""
-        from neuroflow import random, registry
-        from neuroflow.composites import Sequential
+        """The model (loaded, built by a registered builder, or a Sequential of the listed layers) with its adapters.
+
+        ``[lora]`` adapters are applied last. Raises ConfigError, before any
+        training, when ``lora_fusion`` or ``[output]`` ask for adapters the
+        model lacks, or for quantizing adapters that are not fused.
+        """
+        from neuroflow import random
 
         if "seed" in self.trainer:
             random.manual_seed(self.trainer["seed"])
+        model = self._base_model()
+        if self.lora is not None:
+            from neuroflow.lora import apply_lora
+
+            try:
+                model = apply_lora(model, **self.lora)
+            except (NeuroFlowError, ValueError, TypeError) as exc:
+                raise ConfigError(f"[lora]: {exc}") from exc
+        self._check_adapters(model)
+        return model
+
+    def _check_adapters(self, model: Operator) -> None:
+        from neuroflow.lora import LoRAAdapter
+
+        output = self.output or {}
+        if any(isinstance(op, LoRAAdapter) for op in model.modules()):
+            if "quantize" in output and not output.get("fuse"):
+                raise ConfigError(
+                    f"[output] quantize = {output['quantize']!r} needs fuse = true: the model has LoRA adapters, "
+                    "and quantizing comes after they are merged into the float weights, never before"
+                )
+            return
+        wanted = [what for what, on in (("lora_fusion = true", self.trainer.get("lora_fusion")),
+                                        ("[output] fuse = true", output.get("fuse"))) if on]
+        if wanted:
+            raise ConfigError(f"{' and '.join(wanted)} need LoRA adapters, and the model has none; "
+                              "add a [lora] table (rank, alpha, targets)")
+
+    def _base_model(self) -> Operator:
+        from neuroflow import registry
+        from neuroflow.composites import Sequential
+
+        if "from" in self.model:
+            from neuroflow.checkpoint import load
+
+            path = self.path(self.model["from"])
+            if not path.is_file():
+                raise ConfigError(f"[model] from: file {str(path)!r} not found; save a trained model there first "
+                                  "([output] save = ..., or neuroflow train CONFIG --save PATH)")
+            return load(path, device="cpu")  # the Trainer moves it to the config's device
         if "name" in self.model:
             kwargs = {k: v for k, v in self.model.items() if k not in ("name", "input_shape")}
             try:
@@ -283,7 +393,11 @@ class Config:
         return Sequential(*layers)
 
     def build_loss(self) -> Any:
-        """The ``[loss]`` object, or None to let the Trainer use CrossEntropy."""
+        """The ``[loss]`` object; without one, MSE for a series dataset and None (the Trainer's CrossEntropy) otherwise."""
+        if self.loss is None and (self.data or {}).get("dataset") in SERIES_DATASETS:
+            from neuroflow.losses import MSE
+
+            return MSE()
         return self._component("loss")
 
     def _component(self, table: str) -> Any:
@@ -311,8 +425,11 @@ class Config:
                                       f"remove {key!r} from the config")
                 raise ConfigError(f"{key!r} is not an argument of this Trainer; remove it from the config")
         loss, optimizer, scheduler = self.build_loss(), self._component("optimizer"), self._component("scheduler")
+        kwargs = dict(self.trainer)
+        if "checkpoint_dir" in kwargs:
+            kwargs["checkpoint_dir"] = self.path(kwargs["checkpoint_dir"])
         try:
-            return Trainer(model, loss=loss, optimizer=optimizer, scheduler=scheduler, **self.trainer)
+            return Trainer(model, loss=loss, optimizer=optimizer, scheduler=scheduler, **kwargs)
         except (ValueError, TypeError) as exc:
             raise ConfigError(str(exc)) from exc
 
@@ -320,6 +437,8 @@ class Config:
         """``(train, test)`` datasets; test is None when the config names none."""
         if self.data is None:
             raise ConfigError("the config has no [data] table; add dataset = \"mnist\" or train = \"<file>.npz\"")
+        if self.data.get("dataset") in SERIES_DATASETS:
+            return self._series_windows()
         if "dataset" in self.data:
             from neuroflow import data
 
@@ -334,6 +453,34 @@ class Config:
             return loader("train", **kwargs), loader("test", **kwargs)
         test = self.data.get("test")
         return self._npz("train"), None if test is None else self._npz("test")
+
+    def _series_windows(self) -> tuple[SeriesWindows, SeriesWindows]:
+        """Windows → the value ``horizon`` steps on: the first ``split`` to train on, the later ones held out.
+
+        The series is standardised by the values the training windows touch,
+        as neuroflow-ops-recurrent's own forecasting test does, so nothing of
+        the held-out tail leaks into training.
+        """
+        data = self.data or {}
+        try:
+            from neuroflow_ops_recurrent import data as series_data
+        except ImportError:
+            raise ConfigError(f"[data] dataset = {data['dataset']!r} comes with neuroflow-ops-recurrent: "
+                              "pip install neuroflow-ops-recurrent") from None
+        _, values = getattr(series_data, data["dataset"])()
+        window, horizon, split = data["window"], data.get("horizon", 1), data.get("split", 0.8)
+        pairs = len(values) - window - horizon + 1
+        train = int(split * pairs)
+        if not 0 < train < pairs:
+            raise ConfigError(f"[data] window = {window}, horizon = {horizon} and split = {split} leave {max(train, 0)} "
+                              f"training and {max(pairs - train, 0)} held-out windows of the {len(values)} values; "
+                              "each needs at least one")
+        x, y = series_data.one_step_windows(values, window, dtype=np.float64)
+        x, y = x[:pairs], y[horizon - 1:]  # window i → the value horizon steps after it
+        seen = values[:train + window + horizon - 1]
+        mean, std = float(seen.mean()), float(seen.std())
+        return (SeriesWindows((x[:train] - mean) / std, (y[:train] - mean) / std, mean, std),
+                SeriesWindows((x[train:] - mean) / std, (y[train:] - mean) / std, mean, std))
 
     def _npz(self, key: str) -> Any:
         from neuroflow.data import ArrayDataset
