@@ -24,7 +24,7 @@ _ATTRIBUTES = {
 }
 _SUBMODULES = {
     "ops", "losses", "optim", "schedulers", "data", "memory", "testing", "backends",
-    "allocators", "registry", "errors", "hookspecs", "plugins", "debug", "lora", "checkpoint",
+    "allocators", "registry", "errors", "hookspecs", "plugins", "debug", "lora", "checkpoint", "export",
 }
 
 __all__ = sorted([*_ATTRIBUTES, *_SUBMODULES])

@@ -14,6 +14,8 @@ import io
 import json
 import math
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,8 +139,12 @@ def _parse_json(file: Path, raw: bytes) -> dict[str, Any]:
     return header
 
 
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def _are_counts(values: list[Any]) -> bool:
+    """Whether every item is an int >= 0 (JSON gives no int subclass but bool, which ``type(v) is int`` excludes)."""
+    for value in values:
+        if type(value) is not int or value < 0:
+            return False
+    return True
 
 
 def _entry(file: Path, name: str, spec: Any, base: int) -> TensorEntry:
@@ -149,9 +155,9 @@ def _entry(file: Path, name: str, spec: Any, base: int) -> TensorEntry:
         raise CheckpointError(
             f"{file}: tensor {name!r} has dtype {code!r}; NeuroFlow reads {', '.join(DTYPES)}"
         )
-    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_is_count(d) for d in shape):
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not _are_counts(shape):
         raise CheckpointError(f"{file}: tensor {name!r} has shape {shape!r}; expected at most {MAX_DIMS} sizes >= 0")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
+    if not (isinstance(offsets, list) and len(offsets) == 2 and _are_counts(offsets)):
         raise CheckpointError(f"{file}: tensor {name!r} has data_offsets {offsets!r}; expected [begin, end]")
     begin, end = offsets
     expected = math.prod(shape) * DTYPES[code].itemsize
@@ -189,6 +195,98 @@ def read_into(handle: io.RawIOBase, entry: TensorEntry, out: np.ndarray) -> None
         if not got:
             raise CheckpointError(f"tensor {entry.name!r}: the file ended early; it changed while being read")
         filled += got
+
+
+#: Called with each tensor's bytes once they are read (from a worker thread when reading in parallel).
+OnTensor = Callable[[TensorEntry, memoryview], None]
+_MAX_BUFFERS = 512  # iovecs per readv, below every platform's IOV_MAX
+_READV = getattr(os, "readv", None)  # POSIX only; elsewhere one readinto per tensor
+_PREADV = getattr(os, "preadv", None)
+
+
+def read_tensors(handle: io.RawIOBase, plan: list[tuple[TensorEntry, np.ndarray]], on_tensor: OnTensor,
+                 workers: int = 1) -> None:
+    """Fill each C-contiguous array of ``plan`` with its entry's bytes and hand them to ``on_tensor``.
+
+    With one worker the tensors are read in file order, those that follow each
+    other by one scatter read (``os.readv``) straight into their arrays. With
+    more (where the OS has ``os.preadv``), the tensors are dealt out to that
+    many threads by size, each reading its share with positioned reads and
+    calling ``on_tensor`` itself: reads and ``zlib.crc32`` release the GIL, so
+    the copying and checksumming of a large file spread over the cores.
+    """
+    views = []
+    for entry, out in sorted(plan, key=lambda item: item[0].start):
+        view = out.reshape(-1).view(np.uint8).data
+        if len(view) != entry.stop - entry.start:
+            raise CheckpointError(f"tensor {entry.name!r}: {len(view)} bytes to fill, {entry.stop - entry.start} stored")
+        views.append((entry, view))
+    if workers > 1 and _PREADV is not None and len(views) > 1:
+        _read_in_threads(_PREADV, handle.fileno(), views, on_tensor, workers)
+        return
+    position, first = -1, 0
+    while first < len(views):
+        last = first + 1
+        while last < len(views) and last - first < _MAX_BUFFERS and views[last][0].start == views[last - 1][0].stop:
+            last += 1
+        if views[first][0].start != position:
+            handle.seek(views[first][0].start)
+        _read_fully(handle, [view for _, view in views[first:last]], views[first][0].name)
+        position = views[last - 1][0].stop
+        for entry, view in views[first:last]:
+            on_tensor(entry, view)
+        first = last
+
+
+def _read_fully(handle: io.RawIOBase, views: list[memoryview], name: str) -> None:
+    """Fill ``views`` in order from the current position of ``handle``."""
+    index = 0
+    while index < len(views):
+        if len(views[index]) == 0:
+            index += 1
+            continue
+        got = _READV(handle.fileno(), views[index:]) if _READV is not None else handle.readinto(views[index])
+        if not got:
+            raise CheckpointError(f"tensor {name!r} or one after it: the file ended early; it changed while being read")
+        while index < len(views) and got >= len(views[index]):
+            got -= len(views[index])
+            index += 1
+        if got:
+            views[index] = views[index][got:]
+
+
+def _read_in_threads(preadv: Callable[[int, list[memoryview], int], int], fd: int,
+                     views: list[tuple[TensorEntry, memoryview]], on_tensor: OnTensor, workers: int) -> None:
+    shares: list[list[tuple[TensorEntry, memoryview]]] = [[] for _ in range(workers)]
+    loads = [0] * workers
+    for entry, view in sorted(views, key=lambda item: -len(item[1])):  # largest first, each to the least loaded
+        least = loads.index(min(loads))
+        shares[least].append((entry, view))
+        loads[least] += len(view)
+    errors: list[BaseException] = []
+
+    def work(share: list[tuple[TensorEntry, memoryview]]) -> None:
+        try:
+            for entry, view in share:
+                done = 0
+                while done < len(view):
+                    got = preadv(fd, [view[done:]], entry.start + done)
+                    if not got:
+                        raise CheckpointError(f"tensor {entry.name!r}: the file ended early; it changed while being read")
+                    done += got
+                on_tensor(entry, view)
+        except BaseException as exc:  # re-raised on the calling thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(share,), name=f"neuroflow-read-{i}", daemon=True)
+               for i, share in enumerate(shares[1:], 1) if share]
+    for thread in threads:
+        thread.start()
+    work(shares[0])
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
 
 
 def read_array(handle: io.RawIOBase, entry: TensorEntry) -> np.ndarray:

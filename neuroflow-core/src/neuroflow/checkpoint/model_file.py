@@ -17,7 +17,6 @@ import io
 import json
 import os
 import re
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,9 +25,11 @@ import numpy as np
 
 import neuroflow
 from neuroflow.checkpoint import container, topology
+from neuroflow.checkpoint.checksums import ALGORITHM, metadata_checksum, tensor_checksum
 from neuroflow.checkpoint.container import FLOAT_CODES, Header, TensorEntry
 from neuroflow.checkpoint.errors import CheckpointError, few
-from neuroflow.checkpoint.quantize import SCHEME, QuantizationReport, dequantize_int8, quantize_weights, scale_name
+from neuroflow.checkpoint.quantize import SCHEME, QuantizationReport, quantize_weights, scale_name
+from neuroflow.checkpoint.reading import read_weights
 from neuroflow.operator import Operator
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ def model_payload(model: Operator, file_format: str, user: dict[str, Any] | None
 def write_model_file(path: str | os.PathLike[str], tensors: dict[str, np.ndarray], meta: dict[str, str]) -> Path:
     """Add the checksums to ``meta`` and write the file atomically."""
     sums = {name: tensor_checksum(name, container.dtype_code(a.dtype), a.shape, a) for name, a in tensors.items()}
-    meta = {**meta, "checksums": compact_json({"algorithm": "crc32", "metadata": metadata_checksum(meta),
+    meta = {**meta, "checksums": compact_json({"algorithm": ALGORITHM, "metadata": metadata_checksum(meta),
                                                 "tensors": sums})}
     return container.write(path, tensors, meta)
 
@@ -135,18 +136,6 @@ def write_model_file(path: str | os.PathLike[str], tensors: dict[str, np.ndarray
 def compact_json(value: Any) -> str:
     """``value`` as JSON without optional spaces (the header of a small model is a real share of its file)."""
     return json.dumps(value, separators=(",", ":"))
-
-
-def metadata_checksum(meta: dict[str, str]) -> int:
-    canonical = json.dumps({k: v for k, v in meta.items() if k != "checksums"}, sort_keys=True)
-    return zlib.crc32(canonical.encode("utf-8"))
-
-
-def tensor_checksum(name: str, code: str, shape: tuple[int, ...], array: np.ndarray) -> int:
-    """CRC-32 over a tensor's name, dtype code, shape and little-endian bytes."""
-    head = zlib.crc32(f"{name}|{code}|{list(shape)}".encode())
-    data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False)
-    return zlib.crc32(data.reshape(-1).view(np.uint8).data, head)
 
 
 # --------------------------------------------------------------------------- loading
@@ -193,6 +182,10 @@ def load(path: str | os.PathLike[str], device: str | Backend | None = None) -> O
     opened = open_model_file(path)
     model = rebuild(opened)
     read_weights(model, opened)
+    if opened.scales:
+        object.__setattr__(model, _MARKER, SCHEME)
+    elif "quantized_from" in opened.runtime:
+        object.__setattr__(model, _MARKER, str(opened.runtime["quantized_from"]))
     if backend.name != "cpu":  # a rebuilt model already lives on the host
         model.to(backend)
     return model
@@ -289,36 +282,6 @@ def check_tensors(model: Operator, opened: ModelFile) -> None:
     for name in expected:
         if name not in opened.checksums:
             raise CheckpointError(f"{source}: no checksum recorded for {name}")
-
-
-def read_weights(model: Operator, opened: ModelFile) -> None:
-    """Fill the model's parameters and buffers (host arrays) from the file, verifying each checksum."""
-    stored = opened.header.tensors
-    own = dict(model.named_parameters())
-    own.update(model.named_buffers())
-    with open(opened.header.path, "rb", buffering=0) as handle:
-        for name, tensor in own.items():
-            entry = stored[name]
-            target = tensor.data
-            if name in opened.scales:
-                q = read_checked(handle, entry, opened)
-                scale = read_checked(handle, stored[opened.scales[name]], opened)
-                if isinstance(target, np.ndarray) and target.flags.c_contiguous:
-                    dequantize_int8(q, scale, target)
-                else:
-                    target[...] = dequantize_int8(q, scale, np.empty(entry.shape, target.dtype))
-            elif entry.dtype == target.dtype and target.flags.c_contiguous and isinstance(target, np.ndarray):
-                container.read_into(handle, entry, target)
-                _verify(entry, target, opened)
-            else:
-                value = read_checked(handle, entry, opened)
-                if entry.code == "BF16":
-                    value = container.widen_bfloat16(value)
-                target[...] = value.astype(target.dtype, copy=False)
-    if opened.scales:
-        object.__setattr__(model, _MARKER, SCHEME)
-    elif "quantized_from" in opened.runtime:
-        object.__setattr__(model, _MARKER, str(opened.runtime["quantized_from"]))
 
 
 def read_checked(handle: io.RawIOBase, entry: TensorEntry, opened: ModelFile) -> np.ndarray:

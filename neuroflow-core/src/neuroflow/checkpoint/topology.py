@@ -24,7 +24,7 @@ from importlib import metadata as importlib_metadata
 from typing import Any, cast
 
 from neuroflow import registry
-from neuroflow.checkpoint.allocation_guard import limit_random_draws
+from neuroflow.checkpoint.allocation_guard import limit_random_draws, release
 from neuroflow.checkpoint.errors import CheckpointError
 from neuroflow.composites import Concat, Residual, Sequential
 from neuroflow.errors import NeuroFlowError
@@ -255,7 +255,9 @@ def build(topology: dict[str, Any], source: str, held_values: int) -> Operator:
     """
     classes = resolve_op_types(topology, source)
     with limit_random_draws(held_values, source):
-        return _build(topology["root"], classes, topology.get("ops", {}), source, "model")
+        model = _build(topology["root"], classes, topology.get("ops", {}), source, "model")
+    release(model)
+    return model
 
 
 def _build(

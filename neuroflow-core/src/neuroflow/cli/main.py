@@ -27,7 +27,7 @@ TRACEBACK_ENV = "NEUROFLOW_TRACEBACK"
 
 
 def _builtin_commands(register: Callable[..., None]) -> None:
-    from neuroflow.cli import debug_backward, doctor, gradcheck, mem_profile, plugins, train
+    from neuroflow.cli import debug_backward, doctor, export, gradcheck, mem_profile, plugins, train
 
     register("train", train.HELP, train.configure, train.run)
     register("mem-profile", mem_profile.HELP, mem_profile.configure, mem_profile.run)
@@ -36,6 +36,7 @@ def _builtin_commands(register: Callable[..., None]) -> None:
     register("gradcheck", gradcheck.HELP, gradcheck.configure, gradcheck.run)
     register("debug-backward", debug_backward.HELP, debug_backward.configure, debug_backward.run)
     register("doctor", doctor.HELP, doctor.configure, doctor.run)
+    register("export", export.HELP, export.configure, export.run)
 
 
 def _plugin_commands(register: Callable[..., None]) -> None:

@@ -1,0 +1,12 @@
+"""Exporting models to other runtimes: ONNX (``to_onnx``, ``neuroflow export --onnx``), with converters by op name."""
+
+from neuroflow.export import onnx_vision  # noqa: F401 - registers the vision ops' converters
+from neuroflow.export.errors import ExportError
+from neuroflow.export.onnx_export import DEFAULT_OPSET, ExportReport, to_onnx
+from neuroflow.export.onnx_graph import Converter, GraphBuilder, Value
+from neuroflow.export.onnx_ops import register_converter, supported_ops
+
+__all__ = [
+    "DEFAULT_OPSET", "Converter", "ExportError", "ExportReport", "GraphBuilder", "Value", "register_converter",
+    "supported_ops", "to_onnx",
+]

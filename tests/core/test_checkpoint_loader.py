@@ -1,0 +1,81 @@
+"""Proposed tests for the faster loader (not in the repo: test_checkpoint.py is outside this change's files)."""
+import numpy as np
+import pytest
+
+import neuroflow as nf
+from neuroflow import ops, registry
+from neuroflow.checkpoint import CheckpointError, reading
+from neuroflow.operator import Operator
+from neuroflow.tensor import Tensor
+
+
+def test_a_large_model_loads_exactly_through_parallel_reads(tmp_path, monkeypatch):
+    monkeypatch.setattr(reading, "BYTES_PER_THREAD", 1)  # as many threads as cores, even for a small file
+    monkeypatch.setattr(reading.os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    nf.manual_seed(0)
+    model = nf.Sequential(ops.Linear(300, 200), ops.ReLU(), ops.Linear(200, 100), ops.Linear(100, 3))
+    nf.save(model, tmp_path / "m.safetensors")
+    loaded = nf.load(tmp_path / "m.safetensors")
+    assert all(np.array_equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+    assert reading.reading_threads(10**9) == 4
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_flipped_bits_in_several_tensors_are_all_named(tmp_path, monkeypatch, threads):
+    monkeypatch.setattr(reading, "reading_threads", lambda size: threads)
+    nf.manual_seed(0)
+    nf.save(nf.Sequential(ops.Linear(300, 200), ops.Linear(200, 100)), tmp_path / "m.safetensors")
+    from neuroflow.checkpoint.container import read_header
+    header = read_header(tmp_path / "m.safetensors")
+    raw = bytearray((tmp_path / "m.safetensors").read_bytes())
+    for name in ("0.weight", "1.bias"):
+        raw[header.tensors[name].start + 5] ^= 0x10
+    (tmp_path / "m.safetensors").write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"tensors 0.weight, 1.bias fail their checksums"):
+        nf.load(tmp_path / "m.safetensors")
+
+
+class Odd(Operator):
+    """Initialises like plugins might: draws kept as float64 parameters, arithmetic on draws, in-place scaling."""
+
+    def __init__(self, n: int = 400) -> None:
+        super().__init__()
+        rng = nf.random.generator()
+        self.n = n
+        self.kept = Tensor(rng.normal(0, 1, (n, n)), requires_grad=True)  # no astype: stays float64
+        w = rng.uniform(-1, 1, (n,))
+        w *= 3.0
+        self.scaled = Tensor((w + 1).astype(np.float64), requires_grad=True)
+        self.orth = Tensor(np.linalg.qr(rng.standard_normal((n, n)))[0], requires_grad=True)
+
+    def forward(self, x):
+        return x @ self.kept.data + self.scaled.data + x @ self.orth.data
+
+    def get_config(self):
+        return {"n": self.n}
+
+
+def test_unusual_initialisers_load_their_saved_values(tmp_path, monkeypatch):
+    monkeypatch.setattr(registry.ops, "names", registry.ops.names)  # keep registry state isolated below
+    registry.ops.register("Odd", Odd)
+    try:
+        nf.manual_seed(0)
+        model = Odd()
+        nf.save(model, tmp_path / "m.safetensors")
+        loaded = nf.load(tmp_path / "m.safetensors")
+        for (name, a), (_, b) in zip(model.named_parameters(), loaded.named_parameters()):
+            assert type(b.data) is np.ndarray and b.data.flags.writeable, name
+            np.testing.assert_array_equal(a.data, b.data)
+        loaded.astype(np.float32)  # an ordinary array converts its values, not to zeros
+        assert np.array_equal(loaded.kept.data, model.kept.data.astype(np.float32))
+    finally:
+        registry.ops.unregister("Odd") if hasattr(registry.ops, "unregister") else None
+
+
+def test_resnet18_loads_bit_exact(tmp_path):
+    pytest.importorskip("neuroflow_ops_vision")
+    nf.manual_seed(0)
+    model = registry.models.get("resnet18")()
+    nf.save(model, tmp_path / "r.safetensors")
+    loaded = nf.load(tmp_path / "r.safetensors")
+    assert all(np.array_equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
