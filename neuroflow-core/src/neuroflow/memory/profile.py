@@ -181,7 +181,7 @@ def _snapshot(model: Operator) -> dict[str, Any]:
                  if isinstance(getattr(m, "rng", None), np.random.Generator)],
         "training": model.training,
         # recurrent ops carry a hidden state across calls: trace from zeros, put theirs back after
-        "states": [(m, _copy_state(m.state)) for m in model.modules() if callable(getattr(m, "reset_state", None))],
+        "states": [(m, _copy_state(m.state)) for m in model.modules() if callable(getattr(m, "reset_state", None))],  # type: ignore[attr-defined]
     }
 
 
