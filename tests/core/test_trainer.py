@@ -170,3 +170,20 @@ def test_mlp_reaches_97_percent_on_real_mnist_in_two_epochs():
                          batch_size=64, seed=0, progress=False)
     trainer.fit(train, epochs=2)
     assert trainer.evaluate(test)["accuracy"] >= 0.97
+
+
+def test_augment_applies_to_training_batches_only():
+    x, y = _blobs(32)
+    seen = []
+
+    def flip_sign(batch):
+        seen.append(batch.shape)
+        return -batch
+
+    trainer = nf.Trainer(_mlp(), batch_size=8, progress=False, augment=flip_sign)
+    trainer.fit((x, y), epochs=1, val_data=(x, y))
+    assert seen == [(8, 6)] * 4  # four training batches; validation and evaluate are not augmented
+    trainer.evaluate((x, y))
+    assert len(seen) == 4
+    with pytest.raises(ConfigError, match="augment must be callable"):
+        nf.Trainer(_mlp(), augment="flip")

@@ -61,6 +61,7 @@ class Trainer(MemoryRuntime):
         checkpoint_every: int | None = None,
         keep_checkpoints: int = 3,
         lora_fusion: bool = False,
+        augment: Any = None,
     ) -> None:
         if not isinstance(model, Operator):
             raise TypeError(f"Trainer needs an Operator model; got {type(model).__name__}")
@@ -122,6 +123,9 @@ class Trainer(MemoryRuntime):
         self._resumed = False
         self._epoch_complete = False
         self.lora_fusion = bool(lora_fusion)
+        if augment is not None and not callable(augment):
+            raise ConfigError(f"augment must be callable (a batch of inputs -> augmented inputs); got {augment!r}")
+        self.augment = augment  # applied by fit to each training batch, never to evaluation data
 
     # ------------------------------------------------------------------ setup
     def _ensure_ready(self) -> None:
@@ -355,7 +359,7 @@ class Trainer(MemoryRuntime):
         self._epoch_complete = False
         try:
             for x, y in batches:
-                window.append((x, y))
+                window.append((x if self.augment is None else self.augment(x), y))
                 if len(window) < k:
                     continue
                 loss, hits = self._optimisation_step(window)
