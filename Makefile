@@ -10,6 +10,11 @@ DISTS := $(sort $(wildcard neuroflow-*/pyproject.toml))
 venv: $(STAMP)
 
 $(STAMP): $(DISTS) requirements-dev.txt
+	@# Fashion-MNIST comes from Debian's dataset-fashion-mnist; tests that need it skip where it cannot be installed
+	@test -d /usr/share/datasets/fashion-mnist || (command -v apt-get >/dev/null && \
+		(apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1)) || \
+		echo "note: dataset-fashion-mnist not installed; Fashion-MNIST tests will skip")
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt

@@ -1,0 +1,201 @@
+"""BatchNorm2d: per-channel normalisation with batch statistics in training, running ones in eval.
+
+PyTorch semantics: biased batch variance to normalise, unbiased variance in
+``running_var``, ``running = (1 − momentum)·running + momentum·batch``
+(``momentum=None``: cumulative average). Elementwise passes are what cost on
+numpy (one thread), so the op reduces with one pass each for the mean and the
+variance, writes the output in two, and can fuse a following ReLU
+(``activation="relu"``) instead of spending two more passes in a separate op.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from neuroflow.errors import ShapeError
+from neuroflow.operator import MemoryDeclaration, Operator
+from neuroflow.tensor import Tensor
+from neuroflow_ops_vision.layout import check_declared_shape, check_feature_map, check_grad, check_layout
+from neuroflow_ops_vision.reduce import sum_channels, sum_rows
+from neuroflow_ops_vision.workspace import scratch
+
+
+class BatchNorm2d(Operator):
+    """Normalises each channel of an (N, C, H, W) map (or (N, H, W, C) with ``layout="NHWC"``).
+
+    Parameters ``weight`` (γ, ones) and ``bias`` (β, zeros); buffers
+    ``running_mean`` and ``running_var``, as in PyTorch. ``activation="relu"``
+    applies max(·, 0) to the output in the same pass.
+    """
+
+    running_mean: Tensor
+    running_var: Tensor
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        activation: str | None = None,
+        layout: str = "NCHW",
+        dtype: Any = np.float32,
+    ) -> None:
+        super().__init__()
+        if not isinstance(num_features, int) or num_features <= 0:
+            raise ValueError(f"BatchNorm2d: num_features must be a positive int; got {num_features!r}")
+        if momentum is not None and not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"BatchNorm2d: momentum must be in [0, 1] or None; got {momentum}")
+        if activation not in (None, "relu"):
+            raise ValueError(f"BatchNorm2d: activation must be None or 'relu'; got {activation!r}")
+        self.num_features, self.eps = num_features, float(eps)
+        self.momentum = None if momentum is None else float(momentum)
+        self.affine, self.track_running_stats, self.activation = bool(affine), bool(track_running_stats), activation
+        self.layout = check_layout(layout, "BatchNorm2d")
+        if self.affine:
+            self.weight = Tensor(np.ones(num_features, dtype), requires_grad=True)
+            self.bias = Tensor(np.zeros(num_features, dtype), requires_grad=True)
+        if self.track_running_stats:
+            self.register_buffer("running_mean", Tensor(np.zeros(num_features, dtype)))
+            self.register_buffer("running_var", Tensor(np.ones(num_features, dtype)))
+        self.num_batches_tracked = 0
+        # Cached for backward as plain attributes (the memory tracer follows attributes, not tuples).
+        self._x: Any = None
+        self._y: Any = None
+        self._mean: Any = None
+        self._invstd: Any = None
+        self._batch_stats = True
+
+    # ------------------------------------------------------------------ views
+    def _view(self, a: Any) -> Any:
+        """(M, C) for NHWC, (N, C, H·W) for NCHW: channels on a fixed axis, reductions on the rest."""
+        if self.layout == "NHWC":
+            return a.reshape(-1, self.num_features)
+        return a.reshape(a.shape[0], self.num_features, -1)
+
+    def _per_channel(self, v: Any) -> Any:
+        """A (C,) vector shaped to broadcast against :meth:`_view`."""
+        return v if self.layout == "NHWC" else v[:, None]
+
+    def _sum(self, a2: Any) -> Any:
+        return sum_rows(self.xp, a2) if self.layout == "NHWC" else sum_channels(self.xp, a2)
+
+    def _dot(self, a2: Any, b2: Any) -> Any:
+        """Per-channel Σ a·b in one pass, without a temporary."""
+        return self.xp.einsum("mc,mc->c" if self.layout == "NHWC" else "ncs,ncs->c", a2, b2)
+
+    # ------------------------------------------------------------------ computation
+    def forward(self, x: Any) -> Any:
+        check_feature_map(self, x, self.num_features, self.layout)
+        xp = self.xp
+        x2 = self._view(x)
+        count = x.size // self.num_features
+        y = self.buffer("y", x.shape, x.dtype)
+        y2 = self._view(y)
+        batch_stats = self.training or not self.track_running_stats
+        if batch_stats:
+            if count < 2:
+                raise ShapeError(f"{self!r} got input of shape {tuple(x.shape)}: training needs more than one value per channel")
+            mean, var = self._batch_statistics(x2, y2, count)
+            if self.training and self.track_running_stats:
+                self._update_running(mean, var, count)
+        else:
+            mean, var = self.running_mean.data, self.running_var.data
+        invstd = 1.0 / xp.sqrt(var + self.eps)
+        scale = invstd * self.weight.data if self.affine else invstd
+        shift = (self.bias.data if self.affine else 0.0) - mean * scale
+        xp.multiply(x2, self._per_channel(scale.astype(x.dtype, copy=False)), out=y2)
+        y2 += self._per_channel(shift.astype(x.dtype, copy=False))
+        if self.activation == "relu":
+            xp.maximum(y, 0, out=y)
+        self._x, self._mean, self._invstd, self._batch_stats = x, mean, invstd, batch_stats
+        self._y = y if self.activation else None
+        return y
+
+    def _batch_statistics(self, x2: Any, spare: Any, count: int) -> tuple[Any, Any]:
+        """Per-channel mean and biased variance: one GEMV and one einsum over ``x2``.
+
+        var = E[x²] − mean² loses digits when the mean dwarfs the spread; channels
+        where it does get the two-pass variance of the centred values (written
+        into ``spare``, an array of ``x2``'s shape).
+        """
+        xp = self.xp
+        mean = self._sum(x2) / count
+        var = self._dot(x2, x2) / count - mean * mean
+        if bool(xp.any(var <= 1e-2 * mean * mean)):
+            xp.subtract(x2, self._per_channel(mean), out=spare)
+            var = self._dot(spare, spare) / count
+        return mean, var
+
+    def _update_running(self, mean: Any, var: Any, count: int) -> None:
+        self.num_batches_tracked += 1
+        m = self.momentum if self.momentum is not None else 1.0 / self.num_batches_tracked
+        rm, rv = self.running_mean.data, self.running_var.data
+        rm *= 1.0 - m
+        rm += m * mean
+        rv *= 1.0 - m
+        rv += (m * count / (count - 1)) * var
+
+    def backward(self, grad_out: Any) -> Any:
+        if self._x is None:
+            raise RuntimeError(f"{self!r}.backward called before forward")
+        x, mean, invstd, batch_stats, y = self._x, self._mean, self._invstd, self._batch_stats, self._y
+        check_grad(self, grad_out, x.shape)
+        xp = self.xp
+        g = grad_out
+        if y is not None:  # fused ReLU: the gradient passes where the output is positive
+            mask = scratch(xp, "batchnorm.mask", y.shape, bool)
+            xp.greater(y, 0, out=mask)
+            g = xp.multiply(grad_out, mask, out=scratch(xp, "batchnorm.g", y.shape, y.dtype))
+        g2, x2 = self._view(g), self._view(x)
+        count = x.size // self.num_features
+        gbeta = self._sum(g2)
+        gxhat_sum = (self._dot(g2, x2) - mean * gbeta) * invstd  # Σ g·x̂ per channel
+        if self.affine:
+            self.accumulate_grad(self.weight, gxhat_sum.astype(x.dtype, copy=False))
+            self.accumulate_grad(self.bias, gbeta.astype(x.dtype, copy=False))
+        gamma = self.weight.data if self.affine else 1.0
+        a = gamma * invstd
+        gx = self.buffer("gx", x.shape, x.dtype)
+        gx2 = self._view(gx)
+        if not batch_stats:
+            xp.multiply(g2, self._per_channel(a.astype(x.dtype, copy=False)), out=gx2)
+            return gx
+        # gx = a·(g − mean(g) − x̂·mean(g·x̂)) = a·g + b·x + c per channel
+        b = -a * gxhat_sum * invstd / count
+        c = -a * gbeta / count - b * mean
+        xp.multiply(x2, self._per_channel(b.astype(x.dtype, copy=False)), out=gx2)
+        gx2 += self._per_channel(c.astype(x.dtype, copy=False))
+        t = scratch(xp, "batchnorm.t", gx2.shape, x.dtype)
+        xp.multiply(g2, self._per_channel(a.astype(x.dtype, copy=False)), out=t)
+        gx2 += t
+        return gx
+
+    # ------------------------------------------------------------------ description
+    def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
+        shape = tuple(input_shape)
+        check_declared_shape(self, shape, self.num_features, self.layout)
+        cached = [shape, shape] if self.activation else [shape]
+        workspace = [shape, shape] if self.activation else [shape]
+        return MemoryDeclaration(shape, cached=cached, workspace=workspace)
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "num_features": self.num_features, "eps": self.eps, "momentum": self.momentum, "affine": self.affine,
+            "track_running_stats": self.track_running_stats, "activation": self.activation, "layout": self.layout,
+        }
+
+    def __repr__(self) -> str:
+        extra = "".join((
+            f", eps={self.eps:g}" if not math.isclose(self.eps, 1e-5) else "",
+            f", momentum={self.momentum}" if self.momentum != 0.1 else "",
+            ", affine=False" if not self.affine else "",
+            ", track_running_stats=False" if not self.track_running_stats else "",
+            f", activation={self.activation!r}" if self.activation else "",
+            ", NHWC" if self.layout == "NHWC" else "",
+        ))
+        return f"BatchNorm2d({self.num_features}{extra})"

@@ -1,0 +1,352 @@
+"""Convolutions: Conv2d (stride, padding, dilation, groups), DepthwiseConv2d and SeparableConv2d.
+
+Every convolution computes in NHWC: grouped and dense ones as im2col + GEMM
+(``conv_gemm``), depthwise ones as a loop over taps (``conv_depthwise``).
+With ``layout="NCHW"`` (the default, as in PyTorch) an op permutes its input
+and output; models avoid that by running in NHWC after one ConvertLayout.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from neuroflow import random
+from neuroflow.operator import MemoryDeclaration
+from neuroflow.tensor import Tensor
+from neuroflow_ops_vision import conv_depthwise, conv_gemm
+from neuroflow_ops_vision.layout import (
+    ChannelsLastOperator,
+    check_declared_shape,
+    check_feature_map,
+    check_grad,
+    check_layout,
+    from_nhwc_shape,
+    nhwc_shape,
+)
+from neuroflow_ops_vision.reduce import sum_rows
+from neuroflow_ops_vision.windows import Geometry, check_fits, pair, pair_text
+from neuroflow_ops_vision.workspace import scratch
+
+#: Default bound on one convolution's transient im2col memory (columns, padded input, one tap).
+DEFAULT_MAX_WORKSPACE_BYTES = 8 * 2**20
+
+
+def _positive(owner: str, **sizes: int) -> None:
+    for name, value in sizes.items():
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{owner}: {name} must be a positive int; got {value!r}")
+
+
+class Conv2d(ChannelsLastOperator):
+    """2-d convolution: ``weight`` (out, in/groups, kh, kw) and ``bias`` (out), as in PyTorch.
+
+    ``layout`` is the layout of the arrays the op is handed ("NCHW" or
+    "NHWC") and ``output_layout`` (default: the same) that of its output;
+    computation is always NHWC, so a model's first convolution with
+    ``layout="NCHW", output_layout="NHWC"`` takes PyTorch-style batches and
+    leaves every later layer in NHWC. ``max_workspace_bytes`` bounds the
+    im2col columns and their companions (padded input, one tap's product):
+    the batch is processed in chunks that fit (at least one sample per
+    chunk); None processes the whole batch at once. When the whole batch fits
+    in one chunk and ``keep_columns`` is true (the default), the columns stay
+    from forward to backward instead of being rebuilt there (their memory is
+    bounded by the same limit; measured here, small chunks rebuilt per call
+    are as fast as large kept ones, the cache helping). ``needs_input_grad = False`` (the
+    Trainer sets it on a model's first layer) skips the gradient of the
+    input; backward then returns None.
+
+    Example::
+
+        conv = Conv2d(3, 32, 3, padding=1)
+        y = conv.forward(x)        # x: (N, 3, H, W) -> y: (N, 32, H, W)
+        gx = conv.backward(gy)     # fills conv.weight.grad and conv.bias.grad
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] = 0,
+        dilation: int | tuple[int, int] = 1,
+        groups: int = 1,
+        bias: bool = True,
+        layout: str = "NCHW",
+        max_workspace_bytes: int | None = DEFAULT_MAX_WORKSPACE_BYTES,
+        dtype: Any = np.float32,
+        output_layout: str | None = None,
+    ) -> None:
+        super().__init__()
+        name = type(self).__name__
+        _positive(name, in_channels=in_channels, out_channels=out_channels, groups=groups)
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"{name}: groups={groups} must divide in_channels={in_channels} and out_channels={out_channels}")
+        self.in_channels, self.out_channels, self.groups = int(in_channels), int(out_channels), int(groups)
+        self.geometry = Geometry(
+            pair(kernel_size, "kernel_size", name), pair(stride, "stride", name),
+            pair(padding, "padding", name, minimum=0), pair(dilation, "dilation", name),
+        )
+        self.kernel_size, self.stride = self.geometry.kernel, self.geometry.stride
+        self.padding, self.dilation = self.geometry.padding, self.geometry.dilation
+        self.has_bias = bool(bias)
+        self.layout = check_layout(layout, name)
+        self.output_layout = self.layout if output_layout is None else check_layout(output_layout, name)
+        if max_workspace_bytes is not None and max_workspace_bytes <= 0:
+            raise ValueError(f"{name}: max_workspace_bytes must be positive or None; got {max_workspace_bytes}")
+        self.max_workspace_bytes = max_workspace_bytes
+        self.keep_columns = True
+        self.needs_input_grad = True
+        # Depthwise (one input channel per group): per-tap multiply-adds instead of degenerate GEMMs.
+        self._depthwise = self.groups > 1 and self.groups == self.in_channels
+        kh, kw = self.kernel_size
+        fan_in = self.in_channels // self.groups * kh * kw
+        bound = 1.0 / math.sqrt(fan_in)  # PyTorch's kaiming_uniform_(a=√5) and bias init
+        rng = random.generator()
+        shape = (self.out_channels, self.in_channels // self.groups, kh, kw)
+        self.weight = Tensor(rng.uniform(-bound, bound, shape).astype(dtype), requires_grad=True)
+        if self.has_bias:
+            self.bias = Tensor(rng.uniform(-bound, bound, self.out_channels).astype(dtype), requires_grad=True)
+        self._x: Any = None
+        self._cols: Any = None
+
+    # ------------------------------------------------------------------ computation
+    def forward(self, x: Any) -> Any:
+        check_feature_map(self, x, self.in_channels, self.layout)
+        xp = self.xp
+        xh = self._to_nhwc(x, self.layout, "x_nhwc", keep=True)
+        n, h, w, _ = xh.shape
+        out_hw = self.geometry.out_hw((h, w))
+        check_fits(self, tuple(x.shape), (h, w), out_hw, self.kernel_size, self.padding, self.dilation)
+        y = self._nhwc_result(self.output_layout, "y", (n, out_hw[0], out_hw[1], self.out_channels), x.dtype)
+        if self._depthwise:
+            conv_depthwise.forward(xp, xh, self._w4(), y, self.geometry)
+        else:
+            chunk = self.chunk_size(xh.shape)
+            keep = None
+            if self.keep_columns and chunk >= n and not self.geometry.pointwise:
+                shape = conv_gemm.column_shape(n, out_hw, self.geometry, self.groups, self.in_channels)
+                keep = self.buffer("col", shape, x.dtype)
+            self._cols = conv_gemm.forward(xp, xh, self._wmat(), y, self.geometry, self.groups, chunk, keep)
+        if self.has_bias:
+            y += self.bias.data
+        self._x = xh
+        return self._from_nhwc(y, self.output_layout, "y")
+
+    def backward(self, grad_out: Any) -> Any:
+        x = self._x
+        if x is None:
+            raise RuntimeError(f"{self!r}.backward called before forward")
+        xp = self.xp
+        n, h, w, _ = x.shape
+        out_nhwc = (n, *self.geometry.out_hw((h, w)), self.out_channels)
+        check_grad(self, grad_out, from_nhwc_shape(out_nhwc, self.output_layout))
+        g = self._to_nhwc(grad_out, self.output_layout, "g_nhwc")
+        gx = self._nhwc_result(self.layout, "gx", x.shape, x.dtype) if self.needs_input_grad else None
+        want_w = self.weight.requires_grad
+        if self._depthwise:
+            c, m = self.in_channels, self.out_channels // self.in_channels
+            gw = scratch(xp, "conv.gw", (c, m, *self.kernel_size), x.dtype) if want_w else None
+            conv_depthwise.backward(xp, x, g, self._w4(), gw, gx, self.geometry)
+            gw_param = None if gw is None else gw.reshape(self.weight.shape)
+        else:
+            gw = scratch(xp, "conv.gw", self._wmat_shape(), x.dtype) if want_w else None
+            conv_gemm.backward(xp, x, g, self._wmat(), gw, gx, self.geometry, self.groups, self.chunk_size(x.shape), self._cols)
+            gw_param = None if gw is None else gw.transpose(0, 3, 1, 2)
+        if gw_param is not None:
+            self.accumulate_grad(self.weight, gw_param)
+        if self.has_bias and self.bias.requires_grad:
+            gb = sum_rows(xp, g.reshape(-1, self.out_channels), out=scratch(xp, "conv.gb", (self.out_channels,), x.dtype))
+            self.accumulate_grad(self.bias, gb)
+        return None if gx is None else self._from_nhwc(gx, self.layout, "gx")
+
+    def _wmat_shape(self) -> tuple[int, int, int, int]:
+        return (self.out_channels, *self.kernel_size, self.in_channels // self.groups)
+
+    def _wmat(self) -> Any:
+        """The weight as (O, kh, kw, C/G): the row order of the column matrix."""
+        wmat = scratch(self.xp, "conv.wmat", self._wmat_shape(), self.weight.data.dtype)
+        self.xp.copyto(wmat, self.weight.data.transpose(0, 2, 3, 1))
+        return wmat
+
+    def _w4(self) -> Any:
+        c = self.in_channels
+        return self.weight.data.reshape(c, self.out_channels // c, *self.kernel_size)
+
+    # ------------------------------------------------------------------ memory
+    def workspace_bytes_per_sample(self, hw: tuple[int, int]) -> int:
+        """Transient bytes one sample needs in a chunk: padded map, columns and one tap's product."""
+        if self._depthwise or self.geometry.pointwise:
+            return 0
+        ho, wo = self.geometry.out_hw(hw)
+        ph, pw = self.padding
+        padded = (hw[0] + 2 * ph) * (hw[1] + 2 * pw) * self.in_channels if (ph or pw) else 0
+        cols = ho * wo * self.kernel_size[0] * self.kernel_size[1] * self.in_channels
+        return (padded + cols + ho * wo * self.in_channels) * np.dtype(self.weight.data.dtype).itemsize
+
+    def chunk_size(self, nhwc: tuple[int, ...]) -> int:
+        """Samples per im2col chunk for an NHWC input shape under ``max_workspace_bytes``."""
+        n = int(nhwc[0])
+        per_sample = self.workspace_bytes_per_sample((int(nhwc[1]), int(nhwc[2])))
+        if self.max_workspace_bytes is None or per_sample == 0:
+            return max(n, 1)
+        return max(1, min(n, self.max_workspace_bytes // per_sample))
+
+    def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
+        shape = tuple(input_shape)
+        check_declared_shape(self, shape, self.in_channels, self.layout)
+        n, h, w, c = nhwc_shape(shape, self.layout)
+        out_hw = self.geometry.out_hw((h, w))
+        check_fits(self, shape, (h, w), out_hw, self.kernel_size, self.padding, self.dilation)
+        out_nhwc = (n, out_hw[0], out_hw[1], self.out_channels)
+        cached: list[tuple[int, ...]] = [(n, h, w, c)]
+        workspace: list[tuple[int, ...]] = [self.weight.shape, self.weight.shape]  # weight matrix, its gradient
+        ph, pw = self.padding
+        if self._depthwise:
+            if ph or pw:
+                workspace.append((n, h + 2 * ph, w + 2 * pw, c))
+            workspace += [out_nhwc, (n, out_hw[0], out_hw[1], c)]
+        elif not self.geometry.pointwise:
+            chunk = self.chunk_size((n, h, w, c))
+            if ph or pw:
+                workspace.append((chunk, h + 2 * ph, w + 2 * pw, c))
+            columns = conv_gemm.column_shape(chunk, out_hw, self.geometry, self.groups, c)
+            (cached if self.keep_columns and chunk >= n else workspace).append(columns)
+            workspace.append((chunk * out_hw[0] * out_hw[1], c))
+        if self.output_layout == "NCHW":
+            workspace += [out_nhwc, out_nhwc]  # permuted output and gradient
+        if self.layout == "NCHW":
+            workspace.append((n, h, w, c))  # permuted input gradient
+        return MemoryDeclaration(from_nhwc_shape(out_nhwc, self.output_layout), cached=cached, workspace=workspace)
+
+    # ------------------------------------------------------------------ description
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "in_channels": self.in_channels, "out_channels": self.out_channels,
+            "kernel_size": list(self.kernel_size), "stride": list(self.stride), "padding": list(self.padding),
+            "dilation": list(self.dilation), "groups": self.groups, "bias": self.has_bias, "layout": self.layout,
+            "max_workspace_bytes": self.max_workspace_bytes, "output_layout": self.output_layout,
+        }
+
+    def _options(self) -> str:
+        parts = [f"k={pair_text(self.kernel_size)}"]
+        for label, value, default in (("s", self.stride, (1, 1)), ("p", self.padding, (0, 0)), ("d", self.dilation, (1, 1))):
+            if value != default:
+                parts.append(f"{label}={pair_text(value)}")
+        if self.groups != 1 and not self._depthwise:
+            parts.append(f"groups={self.groups}")
+        if not self.has_bias:
+            parts.append("bias=False")
+        if self.layout != "NCHW" or self.output_layout != self.layout:
+            parts.append(self.layout if self.output_layout == self.layout else f"{self.layout}→{self.output_layout}")
+        return ", ".join(parts)
+
+    def __repr__(self) -> str:
+        groups = ", depthwise" if self._depthwise else ""
+        return f"Conv2d({self.in_channels}→{self.out_channels}, {self._options()}{groups})"
+
+
+class DepthwiseConv2d(Conv2d):
+    """Depthwise convolution: each input channel convolved with its own ``depth_multiplier`` filters.
+
+    The same parameters as PyTorch's ``Conv2d(C, C·m, k, groups=C)``:
+    ``weight`` (C·m, 1, kh, kw), ``bias`` (C·m).
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] = 0,
+        dilation: int | tuple[int, int] = 1,
+        bias: bool = True,
+        depth_multiplier: int = 1,
+        layout: str = "NCHW",
+        dtype: Any = np.float32,
+    ) -> None:
+        _positive("DepthwiseConv2d", channels=channels, depth_multiplier=depth_multiplier)
+        super().__init__(channels, channels * depth_multiplier, kernel_size, stride, padding, dilation,
+                         groups=channels, bias=bias, layout=layout, dtype=dtype)
+        self._depthwise = True  # also with one channel
+        self.depth_multiplier = int(depth_multiplier)
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "channels": self.in_channels, "kernel_size": list(self.kernel_size), "stride": list(self.stride),
+            "padding": list(self.padding), "dilation": list(self.dilation), "bias": self.has_bias,
+            "depth_multiplier": self.depth_multiplier, "layout": self.layout,
+        }
+
+    def __repr__(self) -> str:
+        mult = f"→{self.out_channels}" if self.depth_multiplier != 1 else ""
+        return f"DepthwiseConv2d({self.in_channels}{mult}, {self._options()})"
+
+
+class SeparableConv2d(ChannelsLastOperator):
+    """Depthwise-separable convolution: a k×k depthwise conv, then a 1×1 pointwise conv.
+
+    Children ``depthwise`` (no bias) and ``pointwise`` (with ``bias``) run in
+    NHWC; about k² times fewer multiply-adds than a dense k×k Conv2d.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] = 0,
+        dilation: int | tuple[int, int] = 1,
+        bias: bool = True,
+        depth_multiplier: int = 1,
+        layout: str = "NCHW",
+        dtype: Any = np.float32,
+    ) -> None:
+        super().__init__()
+        self.layout = check_layout(layout, "SeparableConv2d")
+        self.depthwise = DepthwiseConv2d(in_channels, kernel_size, stride, padding, dilation, bias=False,
+                                         depth_multiplier=depth_multiplier, layout="NHWC", dtype=dtype)
+        self.pointwise = Conv2d(in_channels * depth_multiplier, out_channels, 1, bias=bias, layout="NHWC", dtype=dtype)
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+
+    @property
+    def needs_input_grad(self) -> bool:
+        return self.depthwise.needs_input_grad
+
+    @needs_input_grad.setter
+    def needs_input_grad(self, value: bool) -> None:
+        self.depthwise.needs_input_grad = bool(value)
+
+    def forward(self, x: Any) -> Any:
+        check_feature_map(self, x, self.in_channels, self.layout)
+        y = self.pointwise.forward(self.depthwise.forward(self._to_nhwc(x, self.layout, "x_nhwc", keep=True)))
+        return self._from_nhwc(y, self.layout, "y")
+
+    def backward(self, grad_out: Any) -> Any:
+        gx = self.depthwise.backward(self.pointwise.backward(self._to_nhwc(grad_out, self.layout, "g_nhwc")))
+        return None if gx is None else self._from_nhwc(gx, self.layout, "gx")
+
+    def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
+        shape = tuple(input_shape)
+        check_declared_shape(self, shape, self.in_channels, self.layout)
+        nhwc = nhwc_shape(shape, self.layout)
+        out = self.pointwise.output_shape(self.depthwise.output_shape(nhwc))
+        return MemoryDeclaration(from_nhwc_shape(out, self.layout))
+
+    def get_config(self) -> dict[str, Any]:
+        d = self.depthwise
+        return {
+            "in_channels": self.in_channels, "out_channels": self.out_channels, "kernel_size": list(d.kernel_size),
+            "stride": list(d.stride), "padding": list(d.padding), "dilation": list(d.dilation),
+            "bias": self.pointwise.has_bias, "depth_multiplier": d.depth_multiplier, "layout": self.layout,
+        }
+
+    def __repr__(self) -> str:
+        bias = self.pointwise.has_bias
+        options = self.depthwise._options().replace(", bias=False", "").replace(", NHWC", "")
+        return (f"SeparableConv2d({self.in_channels}→{self.out_channels}, {options}"
+                f"{'' if bias else ', bias=False'}{', NHWC' if self.layout == 'NHWC' else ''})")

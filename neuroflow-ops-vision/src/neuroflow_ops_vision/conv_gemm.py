@@ -1,0 +1,128 @@
+"""Convolution as im2col + GEMM on NHWC maps, chunked over the batch.
+
+Forward: the windows of a chunk are copied into a column matrix
+(rows = output pixels, columns = kh·kw·C/G in (i, j, c) order, contiguous in
+c) and multiplied by the weight matrix in one GEMM per group. Backward: the
+weight gradient is one GEMM against the columns (rebuilt per chunk unless the
+forward kept them); the input gradient is one GEMM per tap whose result is
+added into a strided slice of the gradient, which is col2im without ``add.at``
+and without a column-sized buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neuroflow_ops_vision.windows import Geometry, im2col, pad_into
+from neuroflow_ops_vision.workspace import scratch
+
+
+def column_shape(n: int, out_hw: tuple[int, int], geo: Geometry, groups: int, channels: int) -> tuple[int, ...]:
+    """Shape of the column buffer for ``n`` samples: (N, Ho, Wo, G, kh, kw, C/G)."""
+    return (n, out_hw[0], out_hw[1], groups, geo.kernel[0], geo.kernel[1], channels // groups)
+
+
+def padded_shape(x_shape: tuple[int, ...], geo: Geometry) -> tuple[int, int, int, int]:
+    n, h, w, c = x_shape
+    return (n, h + 2 * geo.padding[0], w + 2 * geo.padding[1], c)
+
+
+def columns(xp: Any, x: Any, geo: Geometry, out_hw: tuple[int, int], groups: int, into: Any = None) -> Any:
+    """The (rows, G, K/G) column matrix of the NHWC chunk ``x``; a view of ``x`` for pointwise sweeps."""
+    n, _, _, c = x.shape
+    rows = n * out_hw[0] * out_hw[1]
+    if geo.pointwise:
+        return x.reshape(rows, groups, c // groups)
+    source = x
+    if geo.padding != (0, 0):
+        source = pad_into(x, geo.padding, scratch(xp, "conv.xpad", padded_shape(x.shape, geo), x.dtype))
+    col = into if into is not None else scratch(xp, "conv.col", column_shape(n, out_hw, geo, groups, c), x.dtype)
+    im2col(xp, source, geo, out_hw, groups, col)
+    return col.reshape(rows, groups, -1)
+
+
+def forward(xp: Any, x: Any, wmat: Any, y: Any, geo: Geometry, groups: int, chunk: int, keep: Any = None) -> Any:
+    """y = conv(x) for NHWC ``x`` (N, H, W, C) and ``wmat`` (O, kh, kw, C/G); returns the columns if kept.
+
+    ``keep`` is an op-owned column buffer for the whole batch (one chunk):
+    the columns stay valid for backward. Otherwise they live in a workspace.
+    """
+    n = x.shape[0]
+    out_hw = (y.shape[1], y.shape[2])
+    o = y.shape[3]
+    og = o // groups
+    cols = None
+    for n0 in range(0, n, chunk):
+        cols = columns(xp, x[n0:n0 + chunk], geo, out_hw, groups, keep)
+        ys = y[n0:n0 + chunk].reshape(-1, o)
+        for g in range(groups):
+            xp.matmul(cols[:, g], wmat[g * og:(g + 1) * og].reshape(og, -1).T, out=ys[:, g * og:(g + 1) * og])
+    return cols if keep is not None else None
+
+
+def backward(xp: Any, x: Any, grad: Any, wmat: Any, gw: Any | None, gx: Any | None, geo: Geometry, groups: int,
+             chunk: int, kept: Any = None) -> None:
+    """Write the weight gradient into ``gw`` (O, kh, kw, C/G) and the input gradient into ``gx``; None skips either."""
+    n = x.shape[0]
+    out_hw = (grad.shape[1], grad.shape[2])
+    o = grad.shape[3]
+    og = o // groups
+    for k, n0 in enumerate(range(0, n, chunk)):
+        gs = grad[n0:n0 + chunk].reshape(-1, o)
+        if gx is not None:
+            input_grad(xp, gs, wmat, gx[n0:n0 + chunk], geo, groups, out_hw)
+        if gw is None:
+            continue
+        cols = kept if kept is not None else columns(xp, x[n0:n0 + chunk], geo, out_hw, groups)
+        for g in range(groups):
+            target = gw[g * og:(g + 1) * og].reshape(og, -1)
+            if k == 0:
+                xp.matmul(gs[:, g * og:(g + 1) * og].T, cols[:, g], out=target)
+            else:
+                part = scratch(xp, "conv.gw_part", target.shape, target.dtype)
+                xp.matmul(gs[:, g * og:(g + 1) * og].T, cols[:, g], out=part)
+                target += part
+
+
+def input_grad(xp: Any, gs: Any, wmat: Any, gx: Any, geo: Geometry, groups: int, out_hw: tuple[int, int]) -> None:
+    """gx (n, H, W, C) = the transposed convolution of ``gs`` (rows, O), one GEMM and one strided add per tap.
+
+    A tap that maps the output grid onto the whole input (the centre tap of a
+    stride-1 "same" convolution, the only tap of a pointwise one) writes its
+    GEMM straight into ``gx``; the others add into it.
+    """
+    n, h, w, c = gx.shape
+    o = gs.shape[1]
+    og, cg = o // groups, c // groups
+    g2 = gx.reshape(-1, c)
+    covering = [(i, j) for i, j in geo.taps() if _covers(geo.clipped(i, j, (h, w), out_hw), (h, w), out_hw)]
+    first = covering[0] if covering else None
+    if first is None:
+        gx[...] = 0
+    else:
+        _tap_product(xp, gs, wmat, first, groups, og, cg, g2)
+    if geo.pointwise:
+        return
+    t = scratch(xp, "conv.tap", (gs.shape[0], c), gx.dtype)
+    t4 = t.reshape(n, out_hw[0], out_hw[1], c)
+    for i, j in geo.taps():
+        clip = geo.clipped(i, j, (h, w), out_hw)
+        if clip is None or (i, j) == first:
+            continue
+        ro, co, ri, ci = clip
+        _tap_product(xp, gs, wmat, (i, j), groups, og, cg, t)
+        gx[:, ri, ci, :] += t4[:, ro, co, :]
+
+
+def _covers(clip: tuple[slice, slice, slice, slice] | None, hw: tuple[int, int], out_hw: tuple[int, int]) -> bool:
+    """Whether a tap's clipped slices pair every output position with every input position, in order."""
+    if clip is None or out_hw != hw:
+        return False
+    return all((s.start, s.stop, s.step or 1) == (0, size, 1) for s, size in zip(clip, (*out_hw, *hw)))
+
+
+def _tap_product(xp: Any, gs: Any, wmat: Any, tap: tuple[int, int], groups: int, og: int, cg: int, out: Any) -> None:
+    """out (rows, C) = gs (rows, O) times the weight of one tap, group by group."""
+    i, j = tap
+    for g in range(groups):
+        xp.matmul(gs[:, g * og:(g + 1) * og], wmat[g * og:(g + 1) * og, i, j, :], out=out[:, g * cg:(g + 1) * cg])

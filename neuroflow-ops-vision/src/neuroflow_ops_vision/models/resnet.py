@@ -1,0 +1,143 @@
+"""ResNet-18 with torchvision's parameter names, running in NHWC after one layout conversion.
+
+``resnet18(num_classes=10, small_input=True)`` is the CIFAR variant (3×3
+stride-1 stem, no max-pool: 11,173,962 parameters for 10 classes);
+``small_input=False`` is the ImageNet stem (7×7 stride 2, then 3×3 max-pool).
+``named_parameters()`` yields ``conv1.weight``, ``bn1.weight``, …,
+``layer2.0.downsample.0.weight``, …, ``fc.bias`` in torchvision's order, so
+state dicts move between the two by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from neuroflow.composites import Sequential
+from neuroflow.operator import MemoryDeclaration, Operator
+from neuroflow.ops.linear import Linear
+from neuroflow_ops_vision.batchnorm import BatchNorm2d
+from neuroflow_ops_vision.conv import Conv2d
+from neuroflow_ops_vision.layout import check_grad, check_layout
+from neuroflow_ops_vision.pooling import GlobalAvgPool2d, MaxPool2d
+from neuroflow_ops_vision.workspace import scratch
+
+
+class BasicBlock(Operator):
+    """Two 3×3 convolutions with BatchNorm and a shortcut: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)).
+
+    The shortcut is the identity, or ``downsample`` (1×1 conv + BatchNorm)
+    when the stride or width changes. The ReLUs are fused: the first into
+    ``bn1``, the second with the residual add into one pass over ``bn2``'s output.
+    """
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1, layout: str = "NHWC", dtype: Any = np.float32) -> None:
+        super().__init__()
+        self.in_planes, self.planes, self.stride = int(in_planes), int(planes), int(stride)
+        self.layout = check_layout(layout, "BasicBlock")
+        self.conv1 = Conv2d(in_planes, planes, 3, stride, 1, bias=False, layout=self.layout, dtype=dtype)
+        self.bn1 = BatchNorm2d(planes, activation="relu", layout=self.layout, dtype=dtype)
+        self.conv2 = Conv2d(planes, planes, 3, 1, 1, bias=False, layout=self.layout, dtype=dtype)
+        self.bn2 = BatchNorm2d(planes, layout=self.layout, dtype=dtype)
+        self.has_downsample = stride != 1 or in_planes != planes
+        if self.has_downsample:
+            self.downsample = Sequential(
+                Conv2d(in_planes, planes, 1, stride, bias=False, layout=self.layout, dtype=dtype),
+                BatchNorm2d(planes, layout=self.layout, dtype=dtype),
+            )
+        self._out: Any = None
+
+    def forward(self, x: Any) -> Any:
+        xp = self.xp
+        out = self.bn2.forward(self.conv2.forward(self.bn1.forward(self.conv1.forward(x))))
+        # bn2 does not keep its output for backward, so the add and the ReLU may write into it.
+        out += self.downsample.forward(x) if self.has_downsample else x
+        xp.maximum(out, 0, out=out)
+        self._out = out
+        return out
+
+    def backward(self, grad_out: Any) -> Any:
+        out = self._out
+        if out is None:
+            raise RuntimeError(f"{self!r}.backward called before forward")
+        check_grad(self, grad_out, out.shape)
+        xp = self.xp
+        mask = scratch(xp, "block.mask", out.shape, bool)
+        xp.greater(out, 0, out=mask)
+        g = xp.multiply(grad_out, mask, out=scratch(xp, "block.g", out.shape, out.dtype))
+        gx = self.conv1.backward(self.bn1.backward(self.conv2.backward(self.bn2.backward(g))))
+        # conv1's gradient buffer is ours to add into: conv1 does not read it again.
+        gx += self.downsample.backward(g) if self.has_downsample else g
+        return gx
+
+    def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
+        shape = self.conv1.output_shape(tuple(input_shape))
+        return MemoryDeclaration(shape, cached=[shape], workspace=[shape])
+
+    def get_config(self) -> dict[str, Any]:
+        return {"in_planes": self.in_planes, "planes": self.planes, "stride": self.stride, "layout": self.layout}
+
+    def __repr__(self) -> str:
+        stride = f", stride={self.stride}" if self.stride != 1 else ""
+        return f"BasicBlock({self.in_planes}→{self.planes}{stride})"
+
+
+class ResNet(Sequential):
+    """A ResNet of BasicBlocks: stem, four stages (widths 64·2ᵏ), global average pool, ``fc``.
+
+    A Sequential whose layers carry torchvision's names. Input: (N, C, H, W)
+    batches (``input_layout="NHWC"`` for channels-last data); ``conv1`` reads
+    that layout and writes NHWC, in which every later layer runs.
+    """
+
+    def __init__(self, layers: Sequence[int] = (2, 2, 2, 2), num_classes: int = 10, small_input: bool = True,
+                 in_channels: int = 3, input_layout: str = "NCHW", dtype: Any = np.float32) -> None:
+        super().__init__()
+        if len(layers) != 4 or any(int(n) <= 0 for n in layers):
+            raise ValueError(f"ResNet: layers must be four positive block counts; got {list(layers)}")
+        self.block_counts, self.num_classes = [int(n) for n in layers], int(num_classes)
+        self.small_input, self.in_channels = bool(small_input), int(in_channels)
+        self.input_layout = check_layout(input_layout, "ResNet")
+        kernel, stride, padding = (3, 1, 1) if self.small_input else (7, 2, 3)
+        self.conv1 = Conv2d(in_channels, 64, kernel, stride, padding, bias=False, layout=self.input_layout,
+                            output_layout="NHWC", dtype=dtype)
+        self.bn1 = BatchNorm2d(64, activation="relu", layout="NHWC", dtype=dtype)
+        stages: list[Operator] = [self.conv1, self.bn1]
+        if not self.small_input:
+            self.maxpool = MaxPool2d(3, 2, 1, layout="NHWC")
+            stages.append(self.maxpool)
+        planes_in = 64
+        for index, (count, planes) in enumerate(zip(self.block_counts, (64, 128, 256, 512))):
+            stride = 1 if index == 0 else 2
+            blocks = [BasicBlock(planes_in, planes, stride, dtype=dtype)]
+            blocks += [BasicBlock(planes, planes, 1, dtype=dtype) for _ in range(count - 1)]
+            stage = Sequential(*blocks)
+            setattr(self, f"layer{index + 1}", stage)
+            stages.append(stage)
+            planes_in = planes
+        self.avgpool = GlobalAvgPool2d(layout="NHWC")
+        self.fc = Linear(512, num_classes, dtype=dtype)
+        self.layers = stages + [self.avgpool, self.fc]
+
+    def get_config(self) -> dict[str, Any]:
+        return {"layers": self.block_counts, "num_classes": self.num_classes, "small_input": self.small_input,
+                "in_channels": self.in_channels, "input_layout": self.input_layout}
+
+    def __repr__(self) -> str:
+        names = {id(child): name for name, child in self.named_children()}
+        inner = "".join(f"\n  ({names[id(layer)]}): " + repr(layer).replace("\n", "\n  ") for layer in self.layers)
+        return f"ResNet({inner}\n)"
+
+
+def resnet18(num_classes: int = 10, small_input: bool = True, in_channels: int = 3,
+             input_layout: str = "NCHW", dtype: Any = np.float32) -> ResNet:
+    """ResNet-18: torchvision's architecture and parameter names; ``small_input`` selects the CIFAR stem.
+
+    Example::
+
+        model = resnet18(num_classes=10)          # 11,173,962 parameters
+        logits = model.forward(x)                 # x: (N, 3, 32, 32) -> (N, 10)
+    """
+    return ResNet((2, 2, 2, 2), num_classes, small_input, in_channels, input_layout, dtype)

@@ -1,0 +1,116 @@
+"""resnet18 and neuroflow_cnn: structure, names, parameter counts, PyTorch parity, registry entries."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+import neuroflow as nf
+from neuroflow import registry
+from neuroflow.testing import gradcheck
+from neuroflow_ops_vision import BasicBlock, ResNet, neuroflow_cnn, resnet18
+
+from .reference import torch_resnet18
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def test_resnet18_matches_torchvision_cifar_size() -> None:
+    model = resnet18(num_classes=10)
+    assert sum(p.data.size for p in model.parameters()) == 11_173_962
+    names = [name for name, _ in model.named_parameters()]
+    assert names[:3] == ["conv1.weight", "bn1.weight", "bn1.bias"]
+    assert names[-2:] == ["fc.weight", "fc.bias"]
+    assert "layer2.0.downsample.0.weight" in names and "layer2.0.downsample.1.bias" in names
+    assert "layer1.0.downsample.0.weight" not in names
+    buffers = dict(model.named_buffers())
+    assert buffers["layer4.1.bn2.running_var"].shape == (512,)
+    assert model.conv1.weight.shape == (64, 3, 3, 3)
+
+
+def test_resnet18_imagenet_stem_and_other_classes() -> None:
+    model = resnet18(num_classes=100, small_input=False)
+    assert model.conv1.weight.shape == (64, 3, 7, 7)
+    assert model.output_shape((2, 3, 64, 64)) == (2, 100)
+    assert sum(p.data.size for p in model.parameters()) == 11_689_512 - 513_000 + 51_300  # torchvision, 100 classes
+
+
+def test_resnet18_forward_backward_shapes(rng: np.random.Generator) -> None:
+    model = resnet18(num_classes=10)
+    x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    y = model.forward(x)
+    assert y.shape == (2, 10) == model.output_shape(x.shape)
+    gx = model.backward(np.ones_like(y))
+    assert gx.shape == x.shape
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in model.parameters())
+
+
+@pytest.mark.parametrize("stride, cin, cout", [(1, 4, 4), (2, 4, 6)])
+def test_basic_block_gradcheck(stride: int, cin: int, cout: int, rng: np.random.Generator) -> None:
+    gradcheck(BasicBlock(cin, cout, stride), rng.standard_normal((2, 5, 5, cin)))
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_resnet18_matches_pytorch_by_parameter_name(rng: np.random.Generator) -> None:
+    """Weights copied by name give the same outputs (train and eval) and, in float64, the same gradients."""
+    import torch
+
+    model = resnet18(num_classes=10)
+    reference = torch_resnet18(10)
+    missing, unexpected = reference.load_state_dict(
+        {k: torch.from_numpy(v.copy()) for k, v in model.state_dict().items()}, strict=False)
+    assert not unexpected and all(k.endswith("num_batches_tracked") for k in missing)
+    assert [n for n, _ in reference.named_parameters()] == [n for n, _ in model.named_parameters()]
+    x = rng.standard_normal((4, 3, 16, 16)).astype(np.float32)
+    for training in (True, False):
+        model.train(training)
+        reference.train(training)
+        np.testing.assert_allclose(model.forward(x), reference(torch.from_numpy(x)).detach().numpy(), rtol=1e-3, atol=1e-4)
+    model.train().astype(np.float64)
+    reference.train().double()
+    y = rng.integers(0, 10, 4)
+    loss = nf.losses.CrossEntropy()
+    loss.forward(model.forward(x.astype(np.float64)), y)
+    model.backward(loss.backward())
+    torch.nn.functional.cross_entropy(reference(torch.from_numpy(x.astype(np.float64))), torch.from_numpy(y)).backward()
+    grads = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(p.grad, grads[name].grad.numpy(), rtol=1e-7, atol=1e-10, err_msg=name)
+
+
+def test_neuroflow_cnn(rng: np.random.Generator) -> None:
+    model = neuroflow_cnn(num_classes=10)
+    assert 50_000 < sum(p.data.size for p in model.parameters()) < 70_000
+    kinds = {type(m).__name__ for m in model.modules()}
+    assert {"SeparableConv2d", "SqueezeExcite", "Residual", "BatchNorm2d"} <= kinds
+    x = rng.random((3, 1, 28, 28)).astype(np.float32)
+    assert model.forward(x).shape == (3, 10) == model.output_shape(x.shape)
+    assert model.backward(np.ones((3, 10), np.float32)).shape == x.shape
+
+
+def test_neuroflow_cnn_gradcheck(rng: np.random.Generator) -> None:
+    model = neuroflow_cnn(num_classes=3, width=4)
+    gradcheck(model, rng.random((2, 1, 8, 8)), max_checks=8, atol=1e-4, rtol=1e-3)
+
+
+def test_builders_are_registered_models() -> None:
+    assert registry.models.get("resnet18") is resnet18
+    assert registry.models.get("neuroflow_cnn") is neuroflow_cnn
+    assert registry.models.distribution("resnet18") == "neuroflow-ops-vision"
+
+
+def test_trainer_skips_the_first_layers_input_gradient(rng: np.random.Generator) -> None:
+    model = neuroflow_cnn(num_classes=10, width=8)
+    trainer = nf.Trainer(model, nf.losses.CrossEntropy(), nf.optim.SGD(lr=0.01), batch_size=4, progress=False, seed=0)
+    losses = [trainer.train_step(rng.random((4, 1, 12, 12)).astype(np.float32), rng.integers(0, 10, 4)) for _ in range(2)]
+    assert all(np.isfinite(losses))
+    assert model[0].needs_input_grad is False
+
+
+def test_resnet_get_config_rebuilds_it() -> None:
+    model = resnet18(num_classes=7, small_input=False, input_layout="NHWC")
+    rebuilt = ResNet(**model.get_config())
+    assert [(n, p.shape) for n, p in rebuilt.named_parameters()] == [(n, p.shape) for n, p in model.named_parameters()]
+    assert rebuilt.output_shape((1, 32, 32, 3)) == (1, 7)
