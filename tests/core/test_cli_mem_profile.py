@@ -79,7 +79,7 @@ def test_registered_vision_models(capsys):
     assert "11,173,962 parameters" in out and "layer4.1.conv2 Conv2d" in out
     assert main(["mem-profile", "neuroflow_cnn", "--input-shape", "1,28,28", "--batch-size", "4", "--budget-mb", "1"]) == 0
     out = capsys.readouterr().out
-    assert "Conv2d(1→32" in out and "largest batch that fits:" in out
+    assert "Conv2d(1→48" in out and "largest batch that fits:" in out
 
 
 @pytest.mark.parametrize("argv, message", [
