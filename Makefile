@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DISTS := $(sort $(wildcard neuroflow-*/pyproject.toml))
 
-.PHONY: demo test bench lint venv clean
+.PHONY: demo test convergence bench lint venv clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+convergence: $(STAMP)
+	$(PY) -m pytest -m convergence -s
 
 bench: $(STAMP)
 	$(PY) benchmarks/mlp.py
