@@ -214,3 +214,12 @@ def source_version(path: str) -> str:
 def machine_load() -> str:
     """The 1/5/15-minute load averages, to show how busy the machine was while measuring."""
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def emit(report: dict[str, Any], print_report: Callable[[dict[str, Any]], None], json_path: str | None) -> int:
+    """Print a benchmark's report and, with ``--json FILE``, write it there; the exit code of a finished run."""
+    print_report(report)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0

@@ -317,11 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         "source": harness.source_version(__file__.rsplit("/", 1)[0] or "."),
         "peaks": peaks, "rss": rss, "tables": tables(peaks, rss),
     }
-    print_report(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    return 0
+    return harness.emit(report, print_report, args.json)
 
 
 if __name__ == "__main__":

@@ -423,11 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(args)
         return 0
     report = run_all(args)
-    print_report(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    return 0
+    return harness.emit(report, print_report, args.json)
 
 
 if __name__ == "__main__":
