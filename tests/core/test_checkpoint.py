@@ -14,6 +14,7 @@ import neuroflow as nf
 from neuroflow import ops, registry
 from neuroflow.checkpoint import CheckpointError, load_state_dict_file, quantization_of, register_children
 from neuroflow.checkpoint import topology as topology_module
+from neuroflow.checkpoint.container import read_array, read_header
 from neuroflow.operator import Operator
 from neuroflow.tensor import Tensor
 
@@ -141,24 +142,48 @@ def test_int8_file_is_under_a_third_of_float_and_reports_its_error(tmp_path):
     assert ratio <= 0.3
     q = report.quantization
     assert [t.name for t in q.tensors] == ["0.weight", "2.weight", "4.weight"]
-    assert set(q.kept_float) == {"0.bias", "2.bias", "4.bias"}
-    for row in q.tensors:  # symmetric 8-bit: at most half a step of the largest channel
-        assert 0 < row.max_abs_error <= row.max_abs_value / 254 * 1.0001
+    assert [t.name for t in q.float16] == ["0.bias", "2.bias", "4.bias"] and q.kept_float == ()
+    for row in q.tensors:  # symmetric 8-bit: at most half a step of the largest channel (float16 steps: +2^-10)
+        assert 0 < row.max_abs_error <= row.max_abs_value / 254 * (1 + 2**-10)
         assert 0 < row.relative_error < 0.01
-    assert q.max_abs_error == max(t.max_abs_error for t in q.tensors)
-    assert "0.weight" in str(report)
+    for row in q.float16:
+        assert row.max_abs_error <= row.max_abs_value * 2**-11 and row.relative_error < 2**-11
+    assert q.max_abs_error == max(t.max_abs_error for t in q.tensors + q.float16)
+    assert "0.weight" in str(report) and "float16" in str(report)
 
     loaded = nf.load(tmp_path / "q.safetensors")
     assert quantization_of(loaded) == "int8" and quantization_of(model) is None
     w, w8 = model[0].weight.data, loaded[0].weight.data
     assert w8.dtype == np.float32
-    scale = np.abs(w).max(axis=1, keepdims=True) / 127
-    np.testing.assert_allclose(w8 / scale, np.rint(w8 / scale), atol=1e-3)  # on the INT8 grid
+    header = read_header(tmp_path / "q.safetensors")
+    assert header.tensors["0.bias"].code == "F16"
+    with open(tmp_path / "q.safetensors", "rb") as handle:
+        scale = read_array(handle, header.tensors["0.weight::scale"])
+    ideal = np.abs(w).max(axis=1) / 127
+    assert scale.dtype == np.float16 and np.all((scale >= ideal) & (scale <= ideal * (1 + 2**-10)))
+    steps = w8 / scale.astype(np.float32)[:, None]
+    np.testing.assert_allclose(steps, np.rint(steps), atol=1e-3)  # on the INT8 grid
+    assert np.abs(np.rint(steps)).max() == 127
     assert np.abs(w8 - w).max() == pytest.approx(q.tensors[0].max_abs_error, rel=1e-6)
-    np.testing.assert_array_equal(loaded[0].bias.data, model[0].bias.data)
+    np.testing.assert_array_equal(loaded[0].bias.data, model[0].bias.data.astype(np.float16).astype(np.float32))
     x = np.random.default_rng(0).random((64, 784), dtype=np.float32)
     model.eval(), loaded.eval()
     assert np.abs(loaded.forward(x) - model.forward(x)).max() < 0.05
+
+
+def test_int8_steps_and_other_tensors_fall_back_to_float32_outside_float16s_range(tmp_path):
+    model = nf.Sequential(ops.Linear(4, 3), ops.Linear(3, 2))
+    model[0].weight.data[1] = 1e-4  # a step of 1e-4 / 127 is below float16's normal range
+    model[1].bias.data[0] = 1e5  # beyond float16's largest value
+    report = nf.save(model, tmp_path / "q.safetensors", quantize="int8")
+    header = read_header(tmp_path / "q.safetensors")
+    codes = {name: entry.code for name, entry in header.tensors.items()}
+    assert codes["0.weight::scale"] == "F32" and codes["1.weight::scale"] == "F16"
+    assert codes["1.bias"] == "F32" and codes["0.bias"] == "F16"
+    assert report.quantization.kept_float == ("1.bias",)
+    loaded = nf.load(tmp_path / "q.safetensors")
+    np.testing.assert_allclose(loaded[0].weight.data[1], 1e-4, rtol=1e-6)
+    assert loaded[1].bias.data[0] == 1e5
 
 
 def test_a_quantized_model_is_not_quantized_twice_but_saves_as_float(tmp_path):

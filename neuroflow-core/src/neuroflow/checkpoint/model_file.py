@@ -272,9 +272,9 @@ def check_tensors(model: Operator, opened: ModelFile) -> None:
         kind = tensor.data.dtype.kind
         if name in opened.scales:
             scale = stored[opened.scales[name]]
-            if entry.code != "I8" or scale.code != "F32" or scale.shape != tensor.shape[:1]:
+            if entry.code != "I8" or scale.code not in ("F16", "F32") or scale.shape != tensor.shape[:1]:
                 raise CheckpointError(
-                    f"{source}: quantized {name} must be I8 with F32 scales of shape {tensor.shape[:1]}; "
+                    f"{source}: quantized {name} must be I8 with F16 or F32 scales of shape {tensor.shape[:1]}; "
                     f"got {entry.code} and {scale.code} {scale.shape}"
                 )
         elif (kind == "f") != (entry.code in FLOAT_CODES):
