@@ -19,6 +19,7 @@ from neuroflow.history import History
 from neuroflow.losses.base import Loss
 from neuroflow.losses.cross_entropy import CrossEntropy
 from neuroflow.memory.buffers import BufferPool
+from neuroflow.memory.compression import GradientCompressor, build_compressor
 from neuroflow.memory.flat import FlatParameters
 from neuroflow.memory.offload import OffloadManager
 from neuroflow.memory.runtime import MemoryRuntime
@@ -36,6 +37,12 @@ class Trainer(MemoryRuntime):
     ``batch_size × k``. Parameters and their gradients live in one flat
     buffer each; every op's outputs come from a buffer pool, so after the
     first step a training step allocates no new arrays.
+
+    ``gradient_compression`` ("topk" with ``compression_ratio``, "threshold"
+    with ``compression_threshold``, or "auto"; off by default) lets each step
+    apply only the largest gradient entries per layer and carries the rest to
+    the next step in an exact error-feedback residual; see
+    :mod:`neuroflow.memory.compression` for what it saves and costs.
     """
 
     def __init__(
@@ -62,6 +69,9 @@ class Trainer(MemoryRuntime):
         keep_checkpoints: int = 3,
         lora_fusion: bool = False,
         augment: Any = None,
+        gradient_compression: str | GradientCompressor | None = None,
+        compression_ratio: float | None = None,
+        compression_threshold: float | None = None,
     ) -> None:
         if not isinstance(model, Operator):
             raise TypeError(f"Trainer needs an Operator model; got {type(model).__name__}")
@@ -126,6 +136,7 @@ class Trainer(MemoryRuntime):
         if augment is not None and not callable(augment):
             raise ConfigError(f"augment must be callable (a batch of inputs -> augmented inputs); got {augment!r}")
         self.augment = augment  # applied by fit to each training batch, never to evaluation data
+        self.compressor = build_compressor(gradient_compression, compression_ratio, compression_threshold)
 
     # ------------------------------------------------------------------ setup
     def _ensure_ready(self) -> None:
@@ -143,6 +154,8 @@ class Trainer(MemoryRuntime):
         self._flat = FlatParameters(params, self.backend.xp)
         self._step_end_hook = self._hooks().neuroflow_step_end
         self.optimizer.bind(self._flat)
+        if self.compressor is not None:
+            self.compressor.bind(self._flat, [n for n, p in self.model.named_parameters() if p.requires_grad])
         self._attach(None)
         self._skip_unused_input_gradient()
         if self.enable_async_unload:
@@ -235,6 +248,8 @@ class Trainer(MemoryRuntime):
                 tracer.done(loss_fn)
                 self._finish_trace(tracer, len(x))
             loss_sum += value * len(x)
+        if self.compressor is not None:
+            self.compressor.compress(flat.grad)  # the optimizer (and clipping) see only what is sent
         if self.clip_grad_norm is not None:
             from neuroflow.optim.clip import clip_grad_norm
 
@@ -482,3 +497,4 @@ class Trainer(MemoryRuntime):
     def _restore_interrupt_handler(previous: Any) -> None:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+

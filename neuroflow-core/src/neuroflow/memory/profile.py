@@ -20,6 +20,7 @@ import numpy as np
 
 from neuroflow.composites import input_layer
 from neuroflow.errors import ConfigError
+from neuroflow.memory.compression import MODES, compression_nbytes
 from neuroflow.memory.planner import ALIGNMENT, Plan, place
 from neuroflow.memory.trace import Slot, TracingPool
 from neuroflow.operator import Operator
@@ -51,6 +52,8 @@ class MemoryReport:
     largest_batch: int | None = None
     suggestion: tuple[int, int] | None = None
     effective_batch: int | None = None
+    #: the error-feedback residual and scratch of gradient compression (0 without it)
+    compression_bytes: int = 0
 
     @property
     def arena_bytes(self) -> int:
@@ -58,7 +61,7 @@ class MemoryReport:
 
     @property
     def static_bytes(self) -> int:
-        return self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes
+        return self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes + self.compression_bytes
 
     @property
     def predicted_peak_bytes(self) -> int:
@@ -79,6 +82,8 @@ class MemoryReport:
             lines.append(f"{label:<28}" + "".join(f"{mb(row.bytes[k]):>10}" for k in KINDS))
         lines.append("-" * len(head))
         lines.append(f"parameters + gradients + optimizer state: {self.static_bytes / MiB:.3f} MiB")
+        if self.compression_bytes:
+            lines.append(f"  of which gradient compression (residual + scratch): {self.compression_bytes / MiB:.3f} MiB")
         lines.append(
             f"activation arena: {self.arena_bytes / MiB:.3f} MiB (unshared {self.plan.unshared_bytes / MiB:.3f} MiB, "
             f"lower bound {self.plan.max_live_bytes / MiB:.3f} MiB)"
@@ -254,6 +259,7 @@ def profile(
     gradient_accumulation_steps: int = 1,
     dtype: Any = None,
     reserve_per_sample: int = 0,
+    gradient_compression: str | None = None,
 ) -> MemoryReport:
     """Predict the memory of one training step of ``model`` on batches of ``input_shape``.
 
@@ -262,7 +268,9 @@ def profile(
     batch × accumulation pair keeping the effective batch
     ``input_shape[0] × gradient_accumulation_steps``;
     ``reserve_per_sample`` bytes per sample are kept free of the budget for
-    the input pipeline (batches being loaded and prefetched).
+    the input pipeline (batches being loaded and prefetched). With
+    ``gradient_compression`` the static memory includes the compressor's
+    error-feedback residual and scratch.
     """
     from neuroflow.losses.cross_entropy import CrossEntropy
 
@@ -287,6 +295,11 @@ def profile(
     plan = place(slots)
     rows = _rows(model, slots, optimizer_bytes, gradient_bytes)
     report = MemoryReport(batch, rows, parameter_bytes, gradient_bytes, optimizer_bytes, plan)
+    if gradient_compression is not None:
+        if gradient_compression not in MODES:
+            raise ConfigError(f"unknown gradient_compression {gradient_compression!r}; choose one of "
+                              f"{', '.join(map(repr, MODES))} or None")
+        report.compression_bytes = compression_nbytes([int(p.data.size) for p in trainable], itemsize)
     if budget_mb is not None:
         report.budget_bytes = int(budget_mb * MiB)
         sizes = BatchModel(model, loss, sample, dtype, gradient_accumulation_steps, reserve_per_sample)
