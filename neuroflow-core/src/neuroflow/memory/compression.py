@@ -14,8 +14,8 @@ sends is ``nnz × (index + value)`` bytes instead of ``size × value``; at 10 %
 that is a fifth of a dense gradient, which matters wherever the update
 crosses a link (an offloaded host optimizer, several devices). What it
 costs: on one device it saves no memory; it adds a dense residual the size
-of the gradients plus a scratch row of the largest layer (:func:`compression_nbytes`),
-because exact error feedback has to keep every unsent entry.
+of the gradients (:func:`compression_nbytes`), because exact error feedback
+has to keep every unsent entry, and the optimizer reads a dense gradient.
 """
 
 from __future__ import annotations
@@ -106,35 +106,29 @@ class GradientCompressor:
         self.slices: list[slice] = []
         self.names: list[str] = []
         self.last_stats: list[LayerStats] = []
-        self._scratch: Any = None
-        self._mask: Any = None
         self._xp: Any = None
 
     def bind(self, flat: Any, names: list[str] | None = None) -> None:
-        """Allocate the residual and scratch for ``flat``'s layers (a FlatParameters); the residual starts at zero."""
+        """Allocate the residual for ``flat``'s layers (a FlatParameters); it starts at zero."""
         xp = _namespace(flat.grad)
         self._xp = xp
         self.slices = list(flat.slices)
         self.names = list(names) if names is not None else [f"param{i}" for i in range(len(self.slices))]
         if len(self.names) != len(self.slices):
             raise ValueError(f"bind got {len(self.names)} names for {len(self.slices)} parameters")
-        largest = max(s.stop - s.start for s in self.slices)
         self.residual = xp.zeros(flat.grad.shape, dtype=flat.grad.dtype)
-        self._scratch = xp.empty(largest, dtype=flat.grad.dtype)
-        self._mask = xp.empty(largest, dtype=bool)
 
     @property
     def nbytes(self) -> int:
-        """Memory the compressor holds beyond dense accumulation: residual, magnitude scratch and mask."""
-        if self.residual is None:
-            return 0
-        return int(self.residual.nbytes + self._scratch.nbytes + self._mask.nbytes)
+        """Memory the compressor holds beyond dense accumulation: the residual."""
+        return 0 if self.residual is None else int(self.residual.nbytes)
 
     def compress(self, grad: Any) -> list[LayerStats]:
         """Add ``grad`` (the step's flat gradient) to the residual; leave in ``grad`` only what is sent.
 
-        Allocates no array: magnitudes and the selection mask live in
-        scratch sized for the largest layer.
+        Allocates no array and needs no scratch: once a layer's gradient is
+        in the residual, its slice of ``grad`` holds magnitudes and the selection.
+        Gradients must be finite (the Trainer stops at a non-finite loss before).
         """
         if self.residual is None:
             raise RuntimeError("GradientCompressor.compress before bind(flat): nothing to keep the residual in")
@@ -145,14 +139,14 @@ class GradientCompressor:
         for name, view in zip(self.names, self.slices):
             pending, out = self.residual[view], grad[view]
             size = view.stop - view.start
-            magnitude, mask = self._scratch[:size], self._mask[:size]
             k = 0 if self.ratio is None else max(1, math.ceil(self.ratio * size))
+            pending += out
+            # From here ``out`` is free: it serves as the scratch, so the residual is all the memory this costs.
             energy = math.nan
             if self.mode == "auto":
                 # Measured on this step's gradient, not on the pending sum: the residual spreads
                 # energy over many small entries, so it would call every layer dense after a while.
-                energy = self._top_energy(out, k)
-            pending += out
+                energy = _top_energy(xp, out, k)
             if energy < self.min_energy:  # False for NaN: only "auto" measures
                 out[...] = pending  # a dense layer: send everything, its residual empties
                 pending.fill(0)
@@ -161,28 +155,18 @@ class GradientCompressor:
             if self.mode == "threshold":
                 bound = self.threshold
             else:
-                xp.abs(pending, out=magnitude)
-                magnitude.partition(size - k)  # in place: the k largest magnitudes end up last
-                bound = float(magnitude[size - k])
-            xp.abs(pending, out=magnitude)
-            xp.greater_equal(magnitude, bound, out=mask)
-            out.fill(0)
-            # Copy, never subtract: each entry lands whole in exactly one of update and residual.
-            xp.copyto(out, pending, where=mask)
-            xp.copyto(pending, 0, where=mask)
+                xp.abs(pending, out=out)
+                out.partition(size - k)  # in place: the k largest magnitudes end up last
+                bound = float(out[size - k])
+            xp.abs(pending, out=out)
+            xp.greater_equal(out, bound, out=out)  # 1.0 where sent, 0.0 where held back
+            # Both are exact for finite values: x * 1 == x, x * 0 == 0, x - x == 0 and x - 0 == x,
+            # so each entry lands whole in exactly one of the update and the residual.
+            out *= pending
+            pending -= out
             stats.append(LayerStats(name, size, "sparse", int(xp.count_nonzero(out)), energy))
         self.last_stats = stats
         return stats
-
-    def _top_energy(self, layer: Any, k: int) -> float:
-        """The share of ``layer``'s squared norm held by its ``k`` largest entries (1.0 for a zero layer)."""
-        xp, size = self._xp, layer.size
-        magnitude = self._scratch[:size]
-        xp.abs(layer, out=magnitude)
-        magnitude.partition(size - k)
-        top = magnitude[size - k:]
-        total = float(xp.dot(magnitude, magnitude))
-        return float(xp.dot(top, top)) / total if total > 0 else 1.0
 
     def sent_bytes(self, itemsize: int) -> int:
         """Bytes the last step's update takes as (index, value) pairs for sparse layers and arrays for dense ones."""
@@ -230,10 +214,18 @@ def build_compressor(
 
 
 def compression_nbytes(sizes: list[int], itemsize: int) -> int:
-    """Memory a GradientCompressor adds for layers of ``sizes`` entries: residual, scratch and mask."""
-    if not sizes:
-        return 0
-    return sum(sizes) * itemsize + max(sizes) * (itemsize + 1)
+    """Memory a GradientCompressor adds for layers of ``sizes`` entries: the residual."""
+    return sum(sizes) * itemsize
+
+
+def _top_energy(xp: Any, layer: Any, k: int) -> float:
+    """The share of ``layer``'s squared norm held by its ``k`` largest entries (1.0 for a zero layer); overwrites it."""
+    size = layer.size
+    xp.abs(layer, out=layer)
+    layer.partition(size - k)
+    top = layer[size - k:]
+    total = float(xp.dot(layer, layer))
+    return float(xp.dot(top, top)) / total if total > 0 else 1.0
 
 
 def _namespace(array: Any) -> Any:

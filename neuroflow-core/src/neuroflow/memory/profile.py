@@ -52,7 +52,7 @@ class MemoryReport:
     largest_batch: int | None = None
     suggestion: tuple[int, int] | None = None
     effective_batch: int | None = None
-    #: the error-feedback residual and scratch of gradient compression (0 without it)
+    #: the error-feedback residual of gradient compression (0 without it)
     compression_bytes: int = 0
 
     @property
@@ -83,7 +83,7 @@ class MemoryReport:
         lines.append("-" * len(head))
         lines.append(f"parameters + gradients + optimizer state: {self.static_bytes / MiB:.3f} MiB")
         if self.compression_bytes:
-            lines.append(f"  of which gradient compression (residual + scratch): {self.compression_bytes / MiB:.3f} MiB")
+            lines.append(f"  of which gradient compression (error-feedback residual): {self.compression_bytes / MiB:.3f} MiB")
         lines.append(
             f"activation arena: {self.arena_bytes / MiB:.3f} MiB (unshared {self.plan.unshared_bytes / MiB:.3f} MiB, "
             f"lower bound {self.plan.max_live_bytes / MiB:.3f} MiB)"
@@ -270,7 +270,7 @@ def profile(
     ``reserve_per_sample`` bytes per sample are kept free of the budget for
     the input pipeline (batches being loaded and prefetched). With
     ``gradient_compression`` the static memory includes the compressor's
-    error-feedback residual and scratch.
+    error-feedback residual.
     """
     from neuroflow.losses.cross_entropy import CrossEntropy
 
