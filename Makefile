@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DISTS := $(sort $(wildcard neuroflow-*/pyproject.toml))
 
-.PHONY: demo test convergence bench lint venv clean
+.PHONY: demo test convergence bench lint venv clean gpu-check
 
 venv: $(STAMP)
 
@@ -35,6 +35,10 @@ bench: $(STAMP)
 	$(PY) benchmarks/mlp.py
 	$(PY) benchmarks/import_cost.py
 	$(PY) benchmarks/memory.py
+
+# On a machine with an NVIDIA GPU and CuPy/PyTorch/pytest preinstalled (no package registry needed).
+gpu-check:
+	PYTHON=$${PYTHON:-python3} bash scripts/gpu-check.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

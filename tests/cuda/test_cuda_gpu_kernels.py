@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from neuroflow_cuda import unavailable_reason
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=f"no usable CUDA device: {unavailable_reason()}")

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from neuroflow_cuda import unavailable_reason
 from neuroflow_cuda.offload import OffloadHandle
 

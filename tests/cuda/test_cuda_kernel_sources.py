@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from neuroflow_cuda import fused
 from neuroflow_cuda.kernels import activation, batchnorm, im2col, optim, softmax_xent
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from neuroflow_cuda.offload import AsyncOffloader, OffloadHandle
 
 from neuroflow.backends.cpu import CpuBackend
 from neuroflow.memory.offload import OffloadManager
 from neuroflow.tensor import Tensor
+from neuroflow_cuda.offload import AsyncOffloader, OffloadHandle
 
 
 class Event:

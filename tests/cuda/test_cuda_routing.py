@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from neuroflow_cuda import pool
-from neuroflow_cuda.pool import RoutedAllocator
 
 from neuroflow.allocators.arena import ArenaAllocator
+from neuroflow_cuda import pool
+from neuroflow_cuda.pool import RoutedAllocator
 
 
 def recording() -> tuple[list[int], Any]:

@@ -8,10 +8,10 @@ import types
 from typing import Any
 
 import pytest
-from neuroflow_cuda.backend import CudaBackend
 
 from neuroflow import registry
 from neuroflow.errors import BackendUnavailableError
+from neuroflow_cuda.backend import CudaBackend
 
 
 def fake_cupy(version: str = "14.0.0", count: int | Exception = 1) -> types.ModuleType:

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
+from neuroflow.backends.namespaces import array_namespace
 from neuroflow.errors import ShapeError
 from neuroflow.losses.base import Loss
-
-
-def _namespace(array: Any) -> Any:
-    return getattr(array, "__array_namespace__", None) and array.__array_namespace__() or np
 
 
 class CrossEntropy(Loss):
@@ -38,7 +33,7 @@ class CrossEntropy(Loss):
             raise ShapeError(f"CrossEntropy got labels of shape {target_shape}; expected ({n},) integer class indices")
         if target.dtype.kind not in "iu":
             raise ShapeError(f"CrossEntropy got labels of dtype {target.dtype}; expected integers in [0, {c})")
-        xp = np if isinstance(pred, np.ndarray) else _namespace(pred)
+        xp = array_namespace(pred)
         if n and (int(target.min()) < 0 or int(target.max()) >= c):
             raise ShapeError(f"CrossEntropy got labels outside [0, {c}): min {int(target.min())}, max {int(target.max())}")
         z = self.buffer("z", pred.shape, pred.dtype, xp)
@@ -64,7 +59,7 @@ class CrossEntropy(Loss):
         if probs is None:
             raise RuntimeError("CrossEntropy.backward called before forward (or twice for one forward)")
         n, c = probs.shape
-        xp = np if isinstance(probs, np.ndarray) else _namespace(probs)
+        xp = array_namespace(probs)
         # The gradient overwrites the probabilities in place: nothing reads them after this.
         g, self._probs = probs, None
         eps = self.label_smoothing
@@ -76,7 +71,7 @@ class CrossEntropy(Loss):
 
     def predictions(self, output: Any) -> Any:
         """Class probabilities: the softmax of the logits."""
-        xp = np if isinstance(output, np.ndarray) else _namespace(output)
+        xp = array_namespace(output)
         z = output - output.max(axis=1, keepdims=True)
         xp.exp(z, out=z)
         z /= z.sum(axis=1, keepdims=True)

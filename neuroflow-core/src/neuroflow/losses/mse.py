@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
+from neuroflow.backends.namespaces import array_namespace
 from neuroflow.errors import ShapeError
 from neuroflow.losses.base import Loss
 
@@ -19,7 +18,7 @@ class MSE(Loss):
     def forward(self, pred: Any, target: Any) -> float:
         if tuple(pred.shape) != tuple(target.shape):
             raise ShapeError(f"MSE got predictions of shape {tuple(pred.shape)} and targets of shape {tuple(target.shape)}; expected equal shapes")
-        xp = np if isinstance(pred, np.ndarray) else pred.__array_namespace__()
+        xp = array_namespace(pred)
         diff = self.buffer("diff", pred.shape, pred.dtype, xp)
         xp.subtract(pred, target, out=diff)
         self._diff = diff
@@ -29,7 +28,7 @@ class MSE(Loss):
         if self._diff is None:
             raise RuntimeError("MSE.backward called before forward")
         diff = self._diff
-        xp = np if isinstance(diff, np.ndarray) else diff.__array_namespace__()
+        xp = array_namespace(diff)
         g = self.buffer("g", diff.shape, diff.dtype, xp)
         xp.multiply(diff, 2.0 * scale / max(diff.size, 1), out=g)
         return g

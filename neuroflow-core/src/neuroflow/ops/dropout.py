@@ -32,10 +32,14 @@ class Dropout(Operator):
             self._mask = None
             return x
         xp = self.xp
-        draw = self.buffer("draw", x.shape, np.float32)
-        self.rng.random(x.shape, dtype=np.float32, out=draw)
+        # The draw comes from the host generator on every backend, so a seed gives the same masks everywhere.
+        if xp is np:
+            draw = self.buffer("draw", x.shape, np.float32)
+            self.rng.random(x.shape, dtype=np.float32, out=draw)
+        else:
+            draw = xp.asarray(self.rng.random(x.shape, dtype=np.float32))
         mask = self.buffer("mask", x.shape, x.dtype)
-        xp.greater_equal(xp.asarray(draw), self.p, out=mask)
+        xp.greater_equal(draw, self.p, out=mask)
         mask *= 1.0 / (1.0 - self.p)
         self._mask = mask
         y = self.buffer("y", x.shape, x.dtype)

@@ -7,15 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow.backends.namespaces import array_namespace
 from neuroflow.errors import ConfigError
 from neuroflow.memory.flat import FlatParameters
 from neuroflow.tensor import Tensor
-
-
-def array_namespace(array: Any) -> Any:
-    """The array module ``array`` belongs to (``numpy`` for host arrays and anything without a namespace)."""
-    namespace = getattr(array, "__array_namespace__", None)
-    return np if namespace is None else namespace()
 
 
 def to_host(array: Any) -> np.ndarray:

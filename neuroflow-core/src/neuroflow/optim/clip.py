@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from neuroflow.optim.base import array_namespace
+from neuroflow.backends.namespaces import array_namespace
 
 
 def clip_grad_norm(grad_flat: Any, max_norm: float) -> float:

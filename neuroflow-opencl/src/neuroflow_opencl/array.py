@@ -1,0 +1,349 @@
+"""ClArray: an n-dimensional view of an OpenCL buffer — (buffer, offset, shape, strides, dtype).
+
+Views never create sub-buffers (their alignment rules break a planner's
+offsets on real drivers): the offset travels to every kernel as an argument.
+The class implements the part of numpy's ndarray that NeuroFlow's ops use;
+arithmetic goes through generated kernels, nothing here waits for the device
+except reading values back to the host.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from neuroflow_opencl.cdtypes import c_type
+from neuroflow_opencl.views import (
+    Shape,
+    basic_index,
+    contiguous_strides,
+    is_contiguous,
+    normalize_shape,
+    reshape_strides,
+)
+
+if TYPE_CHECKING:
+    from neuroflow_opencl.device import Device
+
+
+class ClArray:
+    """A device array; ``offset`` and ``strides`` count elements of ``dtype``, not bytes."""
+
+    __array_priority__ = 100  # numpy defers binary operators with a ClArray on the right to us
+
+    def __init__(self, device: Device, buffer: Any, shape: Shape, dtype: Any, offset: int = 0,
+                 strides: Shape | None = None, base: ClArray | None = None, address: int = 0) -> None:
+        self.device = device
+        self.buffer = buffer
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = np.dtype(dtype)
+        self.offset = int(offset)
+        self.estrides = contiguous_strides(self.shape) if strides is None else tuple(strides)
+        self.base = base
+        # OpenCL gives no addresses; a per-device virtual one lets the memory tracer tell buffers apart.
+        self.address = address
+
+    # ------------------------------------------------------------------ attributes
+    @property
+    def strides(self) -> Shape:
+        """Strides in bytes, as numpy gives them; kernels use ``estrides`` (in elements)."""
+        return tuple(s * self.dtype.itemsize for s in self.estrides)
+
+    @property
+    def data(self) -> Any:
+        """``data.ptr``: a virtual address of the first element, unique across this device's buffers."""
+        return _Pointer(self.address + self.offset * self.dtype.itemsize)
+
+    @property
+    def flags(self) -> Any:
+        return _Flags(self.is_contiguous)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def is_contiguous(self) -> bool:
+        return is_contiguous(self.shape, self.estrides)
+
+    @property
+    def T(self) -> ClArray:  # noqa: N802 - numpy's name
+        return self.transpose()
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]
+
+    def __array_namespace__(self, api_version: str | None = None) -> Any:
+        return self.device.namespace
+
+    def __repr__(self) -> str:
+        return f"ClArray({self.get()!r}, device=opencl:{self.device.index})"
+
+    # ------------------------------------------------------------------ views
+    def _view(self, offset: int, shape: Shape, strides: Shape, dtype: Any = None) -> ClArray:
+        return ClArray(self.device, self.buffer, shape, dtype or self.dtype, offset, strides,
+                       self if self.base is None else self.base, self.address)
+
+    def reshape(self, *shape: Any, order: str = "C") -> ClArray:
+        if order != "C":
+            raise NotImplementedError("the opencl backend reshapes in C order only")
+        if len(shape) == 1 and not isinstance(shape[0], int):
+            shape = tuple(shape[0])
+        new_shape = normalize_shape(shape, self.size)
+        strides = reshape_strides(self.shape, self.estrides, new_shape)
+        if strides is None:
+            return self.copy().reshape(new_shape)
+        return self._view(self.offset, new_shape, strides)
+
+    def ravel(self) -> ClArray:
+        return self.reshape(-1)
+
+    def transpose(self, *axes: Any) -> ClArray:
+        if len(axes) == 1 and axes[0] is not None and not isinstance(axes[0], int):
+            axes = tuple(axes[0])
+        order = tuple(reversed(range(self.ndim))) if not axes or axes == (None,) else tuple(
+            a % self.ndim for a in axes)
+        if sorted(order) != list(range(self.ndim)):
+            raise ValueError(f"axes {axes} don't match array of {self.ndim} dimensions")
+        return self._view(self.offset, tuple(self.shape[a] for a in order), tuple(self.estrides[a] for a in order))
+
+    def swapaxes(self, a: int, b: int) -> ClArray:
+        order = list(range(self.ndim))
+        order[a], order[b] = order[b], order[a]
+        return self.transpose(order)
+
+    def view(self, dtype: Any) -> ClArray:
+        """Reinterpret a dense array's bytes as ``dtype`` (the arena hands out typed views of a byte block)."""
+        new = np.dtype(dtype)
+        if new == self.dtype:
+            return self._view(self.offset, self.shape, self.estrides)
+        if not self.is_contiguous or not self.ndim:
+            raise ValueError("only a dense array with at least one dimension can change dtype in place")
+        byte_offset, nbytes = self.offset * self.itemsize, self.shape[-1] * self.itemsize
+        if byte_offset % new.itemsize or nbytes % new.itemsize:
+            raise ValueError(f"a view at byte offset {byte_offset} of {nbytes} bytes cannot be read as {new}")
+        shape = (*self.shape[:-1], nbytes // new.itemsize)
+        return self._view(byte_offset // new.itemsize, shape, contiguous_strides(shape), new)
+
+    def as_strided(self, shape: Shape, strides_bytes: Shape) -> ClArray:
+        """numpy.lib.stride_tricks.as_strided on the device: strides in bytes, as numpy takes them."""
+        if any(s % self.itemsize for s in strides_bytes):
+            raise ValueError(f"strides {strides_bytes} are not multiples of the item size {self.itemsize}")
+        return self._view(self.offset, tuple(shape), tuple(s // self.itemsize for s in strides_bytes))
+
+    def __getitem__(self, key: Any) -> ClArray:
+        if _is_advanced(key):
+            from neuroflow_opencl.indexing import gather
+
+            return gather(self, key)
+        delta, shape, strides = basic_index(self.shape, self.estrides, key)
+        return self._view(self.offset + delta, shape, strides)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if _is_advanced(key):
+            from neuroflow_opencl.indexing import scatter
+
+            scatter(self, key, value)
+            return
+        target = self[key] if key is not Ellipsis else self
+        target.assign(value)
+
+    def assign(self, value: Any) -> None:
+        """Copy ``value`` (device array, host array or scalar, broadcast) into this view."""
+        from neuroflow_opencl.elementwise import apply
+
+        if isinstance(value, (np.ndarray, list, tuple)):
+            value = np.asarray(value)
+            if value.ndim:
+                from neuroflow_opencl.transfer import from_host
+
+                value = from_host(self.device, value)
+        apply("copy", value, out=self, dtype=self.dtype)
+
+    # ------------------------------------------------------------------ copies and host
+    def copy(self) -> ClArray:
+        out = empty(self.device, self.shape, self.dtype)
+        out.assign(self)
+        return out
+
+    def astype(self, dtype: Any, copy: bool = True) -> ClArray:
+        if np.dtype(dtype) == self.dtype and not copy:
+            return self
+        out = empty(self.device, self.shape, dtype)
+        from neuroflow_opencl.elementwise import apply
+
+        apply("copy", self, out=out, dtype=out.dtype)
+        return out
+
+    def fill(self, value: Any) -> None:
+        self.assign(value)
+
+    def get(self) -> np.ndarray:
+        """A host copy (waits for the queued work that writes this array)."""
+        from neuroflow_opencl.transfer import to_host
+
+        return to_host(self)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        host = self.get()
+        return host if dtype is None else host.astype(dtype)
+
+    def item(self) -> Any:
+        if self.size != 1:
+            raise ValueError("can only convert an array of size 1 to a Python scalar")
+        return self.get().reshape(()).item()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if self.dtype.kind not in "iu":
+            raise TypeError("only integer arrays can be used as an index")
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def tolist(self) -> Any:
+        return self.get().tolist()
+
+    # ------------------------------------------------------------------ reductions
+    def sum(self, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
+        from neuroflow_opencl.reduction import reduce
+
+        return reduce("sum", self, axis=axis, keepdims=keepdims, out=out, dtype=dtype)
+
+    def mean(self, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
+        from neuroflow_opencl.reduction import reduce
+
+        return reduce("mean", self, axis=axis, keepdims=keepdims, out=out, dtype=dtype)
+
+    def max(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
+        from neuroflow_opencl.reduction import reduce
+
+        return reduce("max", self, axis=axis, keepdims=keepdims, out=out)
+
+    def min(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
+        from neuroflow_opencl.reduction import reduce
+
+        return reduce("min", self, axis=axis, keepdims=keepdims, out=out)
+
+    def any(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
+        from neuroflow_opencl.reduction import reduce
+
+        return reduce("any", self, axis=axis, keepdims=keepdims, out=out)
+
+    def all(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
+        from neuroflow_opencl.reduction import reduce
+
+        return reduce("all", self, axis=axis, keepdims=keepdims, out=out)
+
+    def argmax(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
+        from neuroflow_opencl.reduction import arg_reduce
+
+        return arg_reduce("argmax", self, axis, out, keepdims)
+
+    def argmin(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
+        from neuroflow_opencl.reduction import arg_reduce
+
+        return arg_reduce("argmin", self, axis, out, keepdims)
+
+    # ------------------------------------------------------------------ operators
+    def _binary(self, name: str, other: Any, reflected: bool = False) -> Any:
+        from neuroflow_opencl.elementwise import apply
+
+        if isinstance(other, np.ndarray) and other.ndim:
+            from neuroflow_opencl.transfer import from_host
+
+            other = from_host(self.device, other)
+        return apply(name, other, self) if reflected else apply(name, self, other)
+
+    def _inplace(self, name: str, other: Any) -> ClArray:
+        from neuroflow_opencl.elementwise import apply
+
+        if isinstance(other, np.ndarray) and other.ndim:
+            from neuroflow_opencl.transfer import from_host
+
+            other = from_host(self.device, other)
+        apply(name, self, other, out=self)
+        return self
+
+    def __add__(self, o: Any) -> Any: return self._binary("add", o)
+    def __radd__(self, o: Any) -> Any: return self._binary("add", o, True)
+    def __sub__(self, o: Any) -> Any: return self._binary("subtract", o)
+    def __rsub__(self, o: Any) -> Any: return self._binary("subtract", o, True)
+    def __mul__(self, o: Any) -> Any: return self._binary("multiply", o)
+    def __rmul__(self, o: Any) -> Any: return self._binary("multiply", o, True)
+    def __truediv__(self, o: Any) -> Any: return self._binary("divide", o)
+    def __rtruediv__(self, o: Any) -> Any: return self._binary("divide", o, True)
+    def __pow__(self, o: Any) -> Any: return self._binary("power", o)
+    def __gt__(self, o: Any) -> Any: return self._binary("greater", o)  # type: ignore[override]
+    def __ge__(self, o: Any) -> Any: return self._binary("greater_equal", o)  # type: ignore[override]
+    def __lt__(self, o: Any) -> Any: return self._binary("less", o)  # type: ignore[override]
+    def __le__(self, o: Any) -> Any: return self._binary("less_equal", o)  # type: ignore[override]
+    def __eq__(self, o: Any) -> Any: return self._binary("equal", o)  # type: ignore[override]
+    def __ne__(self, o: Any) -> Any: return self._binary("not_equal", o)  # type: ignore[override]
+    def __iadd__(self, o: Any) -> ClArray: return self._inplace("add", o)
+    def __isub__(self, o: Any) -> ClArray: return self._inplace("subtract", o)
+    def __imul__(self, o: Any) -> ClArray: return self._inplace("multiply", o)
+    def __itruediv__(self, o: Any) -> ClArray: return self._inplace("divide", o)
+
+    def __neg__(self) -> ClArray:
+        from neuroflow_opencl.elementwise import apply
+
+        return apply("negative", self)
+
+    def __matmul__(self, other: Any) -> ClArray:
+        from neuroflow_opencl.gemm import matmul
+
+        return matmul(self, other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _Pointer:
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+
+class _Flags:
+    def __init__(self, contiguous: bool) -> None:
+        self.c_contiguous = self.contiguous = contiguous
+        self.writeable = True
+
+
+def is_array(value: Any) -> bool:
+    return isinstance(value, ClArray)
+
+
+def empty(device: Device, shape: Any, dtype: Any = np.float32) -> ClArray:
+    """A new dense device array; its buffer comes from the device's pool (reused, not re-created)."""
+    shape = normalize_shape(shape)
+    dtype = np.dtype(dtype)
+    c_type(dtype)  # refuse dtypes without kernels here, not deep inside a kernel build
+    nbytes = math.prod(shape) * dtype.itemsize
+    return ClArray(device, device.allocate(nbytes), shape, dtype, address=device.reserve_address(nbytes))
+
+
+def _is_advanced(key: Any) -> bool:
+    keys = key if isinstance(key, tuple) else (key,)
+    return any(isinstance(k, (ClArray, np.ndarray, list)) for k in keys)

@@ -1,0 +1,57 @@
+"""The ``opencl`` backend: Intel/AMD integrated GPUs (and pocl on the CPU) through OpenCL C kernels."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from neuroflow.backends.base import Backend
+from neuroflow_opencl.array import ClArray, is_array
+from neuroflow_opencl.device import Device, all_devices
+from neuroflow_opencl.transfer import from_host, to_host
+
+
+class OpenclBackend(Backend):
+    """Runs ops on one OpenCL device; ``xp`` is NeuroFlow's namespace over device buffers.
+
+    Work is queued, never waited for, until a value is read on the host:
+    the loss of a step is the one host wait per training step.
+    """
+
+    name: ClassVar[str] = "opencl"
+
+    def __init__(self, index: int = 0) -> None:
+        super().__init__(index)
+        self.cl_device = Device(index)
+        self.xp = self.cl_device.namespace
+
+    @classmethod
+    def is_available(cls) -> bool:
+        try:
+            return bool(all_devices())
+        except Exception:  # a broken ICD or pyopencl install means "not here", which doctor then explains
+            return False
+
+    def describe(self) -> dict[str, str]:
+        f = self.cl_device.facts
+        return {
+            "device": f.name, "platform": f.platform, "type": f.kind, "opencl": f.version,
+            "memory_mib": str(f.global_mem_bytes >> 20), "compute_units": str(f.compute_units),
+            "fp64": "yes" if f.fp64 else "no",
+        }
+
+    def from_host(self, array: np.ndarray) -> ClArray:
+        host = np.asarray(array)
+        if host.dtype == np.float64 and not self.cl_device.facts.fp64:
+            raise TypeError(f"{self.cl_device.facts.name} has no double precision (cl_khr_fp64); use float32")
+        return from_host(self.cl_device, host)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        return to_host(array) if is_array(array) else np.asarray(array)
+
+    def synchronize(self) -> None:
+        self.cl_device.synchronize()
+
+    def matmul(self, a: Any, b: Any, out: Any = None) -> Any:
+        return self.xp.matmul(a, b, out=out)

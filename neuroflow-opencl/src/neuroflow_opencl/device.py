@@ -1,0 +1,152 @@
+"""OpenCL devices: enumeration across platforms, one context and two queues per device, compiled programs.
+
+``opencl:N`` counts devices across every platform in the order the ICD
+loader reports them, so an iGPU and pocl on one laptop are ``opencl:0`` and
+``opencl:1``. Programs are compiled once per device and source text; pyopencl
+additionally keeps the binaries in its on-disk cache between runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from neuroflow.errors import BackendUnavailableError
+
+NO_PLATFORM_HELP = (
+    "no OpenCL platform was found. For an Intel or AMD integrated GPU install the vendor's OpenCL driver "
+    "(ICD: intel-opencl-icd / Intel Graphics Compute Runtime, or AMD ROCm/Adrenalin); to run on the CPU "
+    "install the portable driver with: pip install 'neuroflow-opencl[pocl]'"
+)
+
+
+def _pyopencl() -> Any:
+    try:
+        import pyopencl
+    except ImportError as exc:  # the package depends on it; a broken install still deserves a clear message
+        raise BackendUnavailableError(f"the opencl backend needs pyopencl: pip install pyopencl ({exc})") from exc
+    return pyopencl
+
+
+@cache
+def all_devices() -> tuple[Any, ...]:
+    """Every OpenCL device of every platform, in ICD order (empty when there is no driver)."""
+    cl = _pyopencl()
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:  # "platform not found" is how the ICD loader says there is no driver
+        return ()
+    devices: list[Any] = []
+    for platform in platforms:
+        try:
+            devices.extend(platform.get_devices())
+        except cl.Error:
+            continue
+    return tuple(devices)
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What ``neuroflow doctor`` and the kernels need to know about one device."""
+
+    index: int
+    name: str
+    platform: str
+    kind: str
+    version: str
+    global_mem_bytes: int
+    max_alloc_bytes: int
+    compute_units: int
+    fp64: bool
+
+
+def facts(device: Any, index: int) -> DeviceFacts:
+    cl = _pyopencl()
+    kind = "gpu" if device.type & cl.device_type.GPU else "cpu" if device.type & cl.device_type.CPU else "other"
+    return DeviceFacts(
+        index=index, name=device.name.strip(), platform=device.platform.name.strip(), kind=kind,
+        version=device.version.strip(), global_mem_bytes=int(device.global_mem_size),
+        max_alloc_bytes=int(device.max_mem_alloc_size), compute_units=int(device.max_compute_units),
+        fp64="cl_khr_fp64" in device.extensions or bool(device.double_fp_config),
+    )
+
+
+class Device:
+    """One OpenCL device with its context, compute queue, copy queue and program cache."""
+
+    def __init__(self, index: int = 0) -> None:
+        cl = _pyopencl()
+        devices = all_devices()
+        if not devices:
+            raise BackendUnavailableError(NO_PLATFORM_HELP)
+        if not 0 <= index < len(devices):
+            listing = ", ".join(f"opencl:{i} = {d.name.strip()}" for i, d in enumerate(devices))
+            raise BackendUnavailableError(f"there is no OpenCL device {index}; found {listing}")
+        self.cl = cl
+        self.index = index
+        self.device = devices[index]
+        self.facts = facts(self.device, index)
+        self.context = cl.Context([self.device])
+        self.queue = cl.CommandQueue(self.context)
+        # Offload copies run on their own queue so compute never waits on a copy it does not need.
+        self.copy_queue = cl.CommandQueue(self.context)
+        self._programs: dict[str, Any] = {}
+        self._kernels: dict[tuple[str, str], Any] = {}
+        from pyopencl.tools import ImmediateAllocator, MemoryPool
+
+        # Buffers of arrays the runtime did not plan (temporaries) come back to this pool when the array
+        # is dropped: the in-order queue makes reuse safe, and the steady state creates no cl.Buffer.
+        self._pool = MemoryPool(ImmediateAllocator(self.queue))
+        self._next_address = 1 << 32
+
+    def allocate(self, nbytes: int) -> Any:
+        """A buffer of at least ``nbytes`` bytes from the device pool."""
+        if nbytes > self.facts.max_alloc_bytes:
+            from neuroflow.errors import OutOfMemoryError
+
+            raise OutOfMemoryError(
+                f"{nbytes} bytes exceed the largest single allocation of {self.facts.name} "
+                f"({self.facts.max_alloc_bytes} bytes); lower the batch size or set a memory budget"
+            )
+        return self._pool.allocate(max(int(nbytes), 1))
+
+    def reserve_address(self, nbytes: int) -> int:
+        """A fresh virtual address range of ``nbytes`` (never reused, so stale views never alias new ones)."""
+        address = self._next_address
+        self._next_address += (max(int(nbytes), 1) + 4095) // 4096 * 4096
+        return address
+
+    @property
+    def pool_bytes(self) -> int:
+        """Bytes the temporary pool holds on the device (in use or kept for reuse)."""
+        return int(self._pool.managed_bytes)
+
+    def synchronize(self) -> None:
+        self.queue.finish()
+
+    @property
+    def namespace(self) -> Any:
+        """The numpy-like namespace (``backend.xp``) over this device's arrays."""
+        ns = self.__dict__.get("_namespace")
+        if ns is None:
+            from neuroflow_opencl.namespace import Namespace
+
+            ns = self._namespace = Namespace(self)
+        return ns
+
+    def kernel(self, source: str, name: str) -> Any:
+        """The kernel ``name`` of ``source``, compiled on first use and kept for the process."""
+        key = (source, name)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            program = self._programs.get(source)
+            if program is None:
+                program = self.cl.Program(self.context, source).build()
+                self._programs[source] = program
+            kernel = getattr(program, name)
+            self._kernels[key] = kernel
+        return kernel
+
+    def __repr__(self) -> str:
+        return f"<opencl:{self.index} {self.facts.name} ({self.facts.platform})>"

@@ -1,0 +1,46 @@
+"""Copies between host memory and device arrays."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from neuroflow_opencl.array import ClArray, empty
+
+
+def from_host(device: Any, array: Any, dtype: Any = None) -> ClArray:
+    """A new device array holding ``array``; the copy is queued, not waited for."""
+    host = np.ascontiguousarray(array, dtype=dtype)
+    if host.dtype == np.float16:
+        raise TypeError("the opencl backend has no float16 kernels; convert to float32 first")
+    out = empty(device, host.shape, host.dtype)
+    if host.size:
+        # pyopencl keeps ``host`` alive until the non-blocking copy has read it
+        device.cl.enqueue_copy(device.queue, out.buffer, host, dst_offset=0, is_blocking=False)
+    return out
+
+
+def write(target: ClArray, array: np.ndarray) -> None:
+    """Copy a host array into the dense device array ``target`` (queued)."""
+    host = np.ascontiguousarray(array, dtype=target.dtype)
+    if host.shape != target.shape:
+        raise ValueError(f"cannot copy a host array of shape {host.shape} into a device array of shape {target.shape}")
+    if not target.is_contiguous:
+        target.assign(from_host(target.device, host))
+        return
+    if host.size:
+        device = target.device
+        device.cl.enqueue_copy(device.queue, target.buffer, host, dst_offset=target.offset * target.itemsize,
+                               is_blocking=False)
+
+
+def to_host(array: ClArray) -> np.ndarray:
+    """A numpy copy of ``array``; waits only for the work queued before it."""
+    dense = array if array.is_contiguous else array.copy()
+    host = np.empty(dense.shape, dense.dtype)
+    if host.size:
+        device = dense.device
+        device.cl.enqueue_copy(device.queue, host, dense.buffer, src_offset=dense.offset * dense.itemsize,
+                               is_blocking=True)
+    return host
