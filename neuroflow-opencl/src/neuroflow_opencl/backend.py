@@ -8,7 +8,7 @@ import numpy as np
 
 from neuroflow.backends.base import Backend
 from neuroflow_opencl.array import ClArray, is_array
-from neuroflow_opencl.device import Device, all_devices
+from neuroflow_opencl.device import NO_PLATFORM_HELP, Device, all_devices
 from neuroflow_opencl.transfer import from_host, to_host
 
 
@@ -32,6 +32,13 @@ class OpenclBackend(Backend):
             return bool(all_devices())
         except Exception:  # a broken ICD or pyopencl install means "not here", which doctor then explains
             return False
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        try:
+            return None if all_devices() else NO_PLATFORM_HELP
+        except Exception as exc:
+            return f"OpenCL could not be initialised ({type(exc).__name__}: {exc}); {NO_PLATFORM_HELP}"
 
     def describe(self) -> dict[str, str]:
         f = self.cl_device.facts

@@ -30,6 +30,11 @@ class Backend:
         """Whether this backend can run on this machine (drivers, devices present)."""
         return True
 
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why this backend cannot run here and what to install; None when it can."""
+        return None if cls.is_available() else f"backend {cls.name!r} cannot run on this machine"
+
     def describe(self) -> dict[str, str]:
         """Facts for ``neuroflow doctor``: device name, versions, memory."""
         return {"backend": self.name, "device": str(self.index)}

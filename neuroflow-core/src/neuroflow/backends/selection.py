@@ -30,8 +30,10 @@ def available_backends() -> list[str]:
 def _instance(name: str, index: int) -> Backend:
     cls = registry.backends.get(name)
     if not cls.is_available():
+        reason = cls.unavailable_reason()
         raise BackendUnavailableError(
-            f"backend {name!r} is installed but cannot run here; run `neuroflow doctor` for details"
+            f"backend {name!r} is installed but cannot run here: {reason or 'no usable device'}. "
+            "Run `neuroflow doctor` for details."
         )
     return cls(index)
 

@@ -52,7 +52,8 @@ def _backends() -> list[list[str]]:
         try:
             cls = registry.backends.get(name)
             if not cls.is_available():
-                table.append([name, where, "not available here"])
+                reason = cls.unavailable_reason()
+                table.append([name, where, "not available here", reason or ""])
                 continue
             facts = cls(0).describe()
             table.append([name, where, "available", " ".join(f"{k}={v}" for k, v in facts.items())])
