@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from neuroflow.backends.namespaces import array_namespace
 from neuroflow.errors import ConfigError
 
 MODES = ("topk", "threshold", "auto")
@@ -110,7 +111,7 @@ class GradientCompressor:
 
     def bind(self, flat: Any, names: list[str] | None = None) -> None:
         """Allocate the residual for ``flat``'s layers (a FlatParameters); it starts at zero."""
-        xp = _namespace(flat.grad)
+        xp = array_namespace(flat.grad)
         self._xp = xp
         self.slices = list(flat.slices)
         self.names = list(names) if names is not None else [f"param{i}" for i in range(len(self.slices))]
@@ -177,7 +178,7 @@ class GradientCompressor:
 
         Dense layers come with ``indices=None`` and the whole array.
         """
-        xp = _namespace(grad)
+        xp = array_namespace(grad)
         parts = []
         for stat, view in zip(self.last_stats, self.slices):
             layer = grad[view]
@@ -226,9 +227,3 @@ def _top_energy(xp: Any, layer: Any, k: int) -> float:
     top = layer[size - k:]
     total = float(xp.dot(layer, layer))
     return float(xp.dot(top, top)) / total if total > 0 else 1.0
-
-
-def _namespace(array: Any) -> Any:
-    from neuroflow.optim.base import array_namespace
-
-    return array_namespace(array)
