@@ -16,6 +16,11 @@ crosses a link (an offloaded host optimizer, several devices). What it
 costs: on one device it saves no memory; it adds a dense residual the size
 of the gradients (:func:`compression_nbytes`), because exact error feedback
 has to keep every unsent entry, and the optimizer reads a dense gradient.
+
+It compresses once per optimisation step rather than per micro-batch: the
+micro-batches add up on the device anyway, and one update per step sends k
+entries where one per micro-batch would send k per micro-batch. For the same
+reason it works without accumulation too: the residual carries over steps.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from neuroflow.errors import ConfigError
 
 MODES = ("topk", "threshold", "auto")
 DEFAULT_RATIO = 0.1
-#: ``"auto"`` compresses a layer whose top-k entries hold at least this share of its pending gradient's energy.
+#: ``"auto"`` compresses a layer whose top-k entries hold at least this share of its step gradient's squared norm.
 AUTO_MIN_ENERGY = 0.6
 INDEX_BYTES = 4  # int32 positions within one layer; layers of 2**31 entries and more need 8
 
