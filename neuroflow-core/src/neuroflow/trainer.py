@@ -94,6 +94,8 @@ class Trainer(MemoryRuntime):
         self.optimizer = optimizer if optimizer is not None else optim.AdamW(lr=1e-3)
         self.scheduler = scheduler
         self.backend = get_backend(device)
+        # Fused kernels of the backend (one-pass optimizer updates, softmax-cross-entropy) replace generic code.
+        self.optimizer.backend = self.loss.backend = self.backend
         self.batch_size = batch_size
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.clip_grad_norm = clip_grad_norm

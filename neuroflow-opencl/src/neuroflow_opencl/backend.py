@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 
 from neuroflow.backends.base import Backend
+from neuroflow_opencl import fused
 from neuroflow_opencl.array import ClArray, is_array
 from neuroflow_opencl.device import NO_PLATFORM_HELP, Device, all_devices
 from neuroflow_opencl.transfer import from_host, to_host
@@ -25,6 +27,7 @@ class OpenclBackend(Backend):
         super().__init__(index)
         self.cl_device = Device(index)
         self.xp = self.cl_device.namespace
+        self._kernels = fused.bind(self.cl_device)
 
     @classmethod
     def is_available(cls) -> bool:
@@ -59,6 +62,9 @@ class OpenclBackend(Backend):
 
     def synchronize(self) -> None:
         self.cl_device.synchronize()
+
+    def kernel(self, name: str) -> Callable[..., Any] | None:
+        return self._kernels.get(name)
 
     def matmul(self, a: Any, b: Any, out: Any = None) -> Any:
         return self.xp.matmul(a, b, out=out)

@@ -7,6 +7,7 @@ it has something faster.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -89,6 +90,20 @@ class Backend:
         """Wait until all queued work on this device is done (one host wait per step)."""
 
     # ---------------------------------------------------------------- primitives
+    def kernel(self, name: str) -> Callable[..., Any] | None:
+        """This backend's fused implementation of ``name``, or None: the caller runs its generic code on ``xp``.
+
+        The names and signatures callers use (arrays are the caller's own
+        buffers, written in place; a fused kernel must agree with the generic
+        code to float rounding):
+
+        - ``adam_update(data, grad, m, v, *, lr, beta1, beta2, eps, weight_decay, decoupled, step)``
+        - ``sgd_update(data, grad, buf, *, lr, momentum, dampening, nesterov, weight_decay, first)``
+        - ``softmax_cross_entropy(logits, labels, probs, row_loss, smoothing) -> float`` (mean loss)
+        - ``softmax_cross_entropy_backward(probs, labels, scale, smoothing) -> probs`` (in place)
+        """
+        return None
+
     def matmul(self, a: Any, b: Any, out: Any = None) -> Any:
         """General matrix product; the hot path of Linear and convolution."""
         return self.xp.matmul(a, b, out=out)

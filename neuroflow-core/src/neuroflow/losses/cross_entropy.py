@@ -37,6 +37,11 @@ class CrossEntropy(Loss):
         if n and (int(target.min()) < 0 or int(target.max()) >= c):
             raise ShapeError(f"CrossEntropy got labels outside [0, {c}): min {int(target.min())}, max {int(target.max())}")
         z = self.buffer("z", pred.shape, pred.dtype, xp)
+        fused = self.fused("softmax_cross_entropy") if n else None
+        if fused is not None:
+            row_loss = self.buffer("row_loss", (n,), pred.dtype, xp)
+            self._probs, self._labels = z, target
+            return float(fused(pred, target, z, row_loss, self.label_smoothing))
         xp.subtract(pred, pred.max(axis=1, keepdims=True), out=z)
         rows = xp.arange(n)
         shifted_label = z[rows, target]
@@ -62,6 +67,9 @@ class CrossEntropy(Loss):
         xp = array_namespace(probs)
         # The gradient overwrites the probabilities in place: nothing reads them after this.
         g, self._probs = probs, None
+        fused = self.fused("softmax_cross_entropy_backward")
+        if fused is not None:
+            return fused(probs, labels, scale, self.label_smoothing)
         eps = self.label_smoothing
         if eps:
             g -= eps / c

@@ -41,6 +41,12 @@ class Adam(Optimizer):
         return ("exp_avg", "exp_avg_sq")
 
     def _update(self, data: Any, grad: Any, lr: float) -> None:
+        fused = self.fused("adam_update")
+        if fused is not None:
+            fused(data, grad, self.state["exp_avg"], self.state["exp_avg_sq"], lr=lr, beta1=self.betas[0],
+                  beta2=self.betas[1], eps=self.eps, weight_decay=self.weight_decay,
+                  decoupled=self.decoupled_weight_decay, step=self.step_count)
+            return
         xp, scratch = self._xp, self._scratch
         m, v = self.state["exp_avg"], self.state["exp_avg_sq"]
         beta1, beta2 = self.betas

@@ -48,6 +48,8 @@ class Optimizer:
     :meth:`_update`; :meth:`get_config` returns their constructor arguments.
     """
 
+    backend: Any = None  # set by the Trainer; its fused update kernels replace the generic code where it has them
+
     def __init__(self, lr: float) -> None:
         self.lr = check_range(type(self).__name__, "lr", lr, 0.0, low_open=True)
         self.step_count = 0
@@ -80,6 +82,10 @@ class Optimizer:
                 "call opt.bind(flat) or opt.bind_parameters(params) before step()"
             )
         return self._flat
+
+    def fused(self, name: str) -> Any:
+        """The backend's fused kernel ``name`` when the Trainer placed this optimizer on one, else None."""
+        return self.backend.kernel(name) if self.backend is not None else None
 
     def bind(self, flat: FlatParameters) -> None:
         """Attach to ``flat`` and allocate zeroed state and scratch buffers; the step count restarts at 0.

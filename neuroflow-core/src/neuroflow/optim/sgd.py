@@ -46,6 +46,12 @@ class SGD(Optimizer):
         return ("momentum_buffer",) if self.momentum else ()
 
     def _update(self, data: Any, grad: Any, lr: float) -> None:
+        fused = self.fused("sgd_update")
+        if fused is not None:
+            fused(data, grad, self.state.get("momentum_buffer"), lr=lr, momentum=self.momentum,
+                  dampening=self.dampening, nesterov=self.nesterov, weight_decay=self.weight_decay,
+                  first=self.step_count == 1)
+            return
         xp, scratch = self._xp, self._scratch
         g = grad
         if self.weight_decay:

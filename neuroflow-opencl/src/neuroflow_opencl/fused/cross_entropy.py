@@ -1,0 +1,89 @@
+"""Softmax-cross-entropy: one launch forward (a work item per row), one backward (per element)."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from neuroflow_opencl.array import ClArray
+from neuroflow_opencl.cdtypes import c_type, preamble
+
+
+@cache
+def _forward_source(dtype: str, label_dtype: str) -> str:
+    t, lt = c_type(dtype), c_type(label_dtype)
+    return preamble(dtype) + f"""__kernel void xent(__global const {t}* logits, long l_off, long l_rs, long l_cs,
+                   __global const {lt}* labels, long y_off, long y_s, __global {t}* probs, long p_off,
+                   __global {t}* row_loss, long r_off, long c, {t} eps)
+{{
+    long row = get_global_id(0);
+    __global const {t}* z = logits + l_off + row * l_rs;
+    __global {t}* p = probs + p_off + row * c;
+    {t} top = z[0];
+    for (long j = 1; j < c; ++j) top = fmax(top, z[j * l_cs]);
+    {t} total = 0, shifted_sum = 0;
+    for (long j = 0; j < c; ++j) {{
+        {t} s = z[j * l_cs] - top;
+        shifted_sum += s;
+        {t} e = exp(s);
+        p[j] = e;
+        total += e;
+    }}
+    {t} inv = 1 / total;
+    for (long j = 0; j < c; ++j) p[j] *= inv;
+    {t} log_norm = log(total);
+    long label = (long)labels[y_off + row * y_s];
+    {t} nll = log_norm - (z[label * l_cs] - top);
+    row_loss[r_off + row] = (1 - eps) * nll + eps * (log_norm - shifted_sum / c);
+}}
+"""
+
+
+def softmax_cross_entropy(device: Any, logits: ClArray, labels: ClArray, probs: ClArray, row_loss: ClArray,
+                          smoothing: float = 0.0) -> float:
+    """Mean cross-entropy of ``logits`` (n, c) against ``labels``; ``probs`` receives the softmax.
+
+    The loss value read back here is the training step's one host wait.
+    Labels are range-checked by the caller (the core loss) before this runs.
+    """
+    n, c = logits.shape
+    if not (probs.is_contiguous and row_loss.is_contiguous):
+        raise ValueError("softmax_cross_entropy: probs and row_loss must be dense buffers")
+    kernel = device.kernel(_forward_source(str(logits.dtype), str(labels.dtype)), "xent")
+    t = logits.dtype.type
+    kernel(device.queue, (n,), None, logits.buffer, np.int64(logits.offset), np.int64(logits.estrides[0]),
+           np.int64(logits.estrides[1]), labels.buffer, np.int64(labels.offset), np.int64(labels.estrides[0]),
+           probs.buffer, np.int64(probs.offset), row_loss.buffer, np.int64(row_loss.offset), np.int64(c),
+           t(smoothing))
+    return float(row_loss.get().mean(dtype=np.float64))
+
+
+@cache
+def _backward_source(dtype: str, label_dtype: str) -> str:
+    t, lt = c_type(dtype), c_type(label_dtype)
+    return preamble(dtype) + f"""__kernel void xent_grad(__global {t}* probs, long p_off, __global const {lt}* labels,
+                        long y_off, long y_s, long c, {t} off_value, {t} hit, {t} scale)
+{{
+    long i = get_global_id(0);
+    long row = i / c;
+    {t} g = probs[p_off + i] - off_value;
+    if ((long)labels[y_off + row * y_s] == i - row * c) g -= hit;
+    probs[p_off + i] = g * scale;
+}}
+"""
+
+
+def softmax_cross_entropy_backward(device: Any, probs: ClArray, labels: ClArray, scale: float = 1.0,
+                                   smoothing: float = 0.0) -> ClArray:
+    """Turn ``probs`` into the logits' gradient in place (times ``scale``, over the batch mean); returns it."""
+    n, c = probs.shape
+    if n == 0:
+        return probs
+    kernel = device.kernel(_backward_source(str(probs.dtype), str(labels.dtype)), "xent_grad")
+    t = probs.dtype.type
+    kernel(device.queue, (n * c,), None, probs.buffer, np.int64(probs.offset), labels.buffer,
+           np.int64(labels.offset), np.int64(labels.estrides[0]), np.int64(c), t(smoothing / c),
+           t(1.0 - smoothing), t(scale / max(n, 1)))
+    return probs
