@@ -281,3 +281,14 @@ def test_topk_at_ten_percent_keeps_mnist_accuracy_near_dense():
     assert accuracy[None] > 0.945
     assert accuracy["topk"] >= accuracy[None] - 0.01
     assert sent["topk"] <= 0.21 * sent[None]  # a tenth of the entries, 8 bytes each instead of 4
+
+
+def test_memory_budget_counts_the_residual():
+    x, _ = _blobs()
+    reports = {}
+    for mode in (None, "topk"):
+        trainer = nf.Trainer(_mlp(), optimizer=nf.optim.SGD(lr=0.1), batch_size=16, memory_budget_mb=64,
+                             gradient_compression=mode, progress=False)
+        reports[mode] = trainer.fit_to_budget(tuple(x.shape[1:]))
+    flat_bytes = sum(p.nbytes for p in _mlp().parameters())
+    assert reports["topk"].static_bytes - reports[None].static_bytes == flat_bytes

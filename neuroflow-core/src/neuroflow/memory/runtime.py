@@ -39,6 +39,7 @@ class MemoryRuntime:
     _budget_checked: bool
     _reserve_per_sample: int
     _allocator_class: Any
+    compressor: Any
 
     def _ensure_ready(self) -> None:
         raise NotImplementedError
@@ -52,7 +53,9 @@ class MemoryRuntime:
             return 0
         itemsize = flat.data.dtype.itemsize
         params = sum(p.nbytes for p in self.model.parameters() if not p.requires_grad)
-        return 2 * flat.size * itemsize + params + self.optimizer.state_nbytes(flat.size, itemsize)
+        # the compressor's residual, like optimizer state, lives as long as training does
+        residual = flat.size * itemsize if self.compressor is not None else 0
+        return 2 * flat.size * itemsize + params + self.optimizer.state_nbytes(flat.size, itemsize) + residual
 
     def fit_to_budget(self, sample_shape: tuple[int, ...]) -> Any:
         """Choose batch × accumulation so a step fits ``memory_budget_mb``; says what it chose.
@@ -68,7 +71,7 @@ class MemoryRuntime:
         report = profile(self.model, (self.batch_size, *sample_shape), self.loss, self.optimizer,
                          budget_mb=self.memory_budget_mb,
                          gradient_accumulation_steps=self.gradient_accumulation_steps,
-                         reserve_per_sample=self._reserve_per_sample)
+                         reserve_per_sample=self._reserve_per_sample, gradient_compression=self._compression_mode)
         self.memory_report = report
         self._budget_checked = True
         if report.fits(self._reserve_per_sample * self.batch_size):
@@ -96,8 +99,13 @@ class MemoryRuntime:
         self.batch_size, self.gradient_accumulation_steps = batch, steps
         self.memory_report = profile(self.model, (batch, *sample_shape), self.loss, self.optimizer,
                                      budget_mb=self.memory_budget_mb, gradient_accumulation_steps=steps,
-                                     reserve_per_sample=self._reserve_per_sample)
+                                     reserve_per_sample=self._reserve_per_sample,
+                                     gradient_compression=self._compression_mode)
         return self.memory_report
+
+    @property
+    def _compression_mode(self) -> str | None:
+        return self.compressor.mode if self.compressor is not None else None
 
     def _input_bytes_per_sample(self, sample_shape: tuple[int, ...]) -> int:
         """Host memory the input pipeline holds per sample: the DataLoader's prefetched batches,
