@@ -26,12 +26,13 @@ def test_the_corpus_and_its_expectations_list_the_same_files():
     assert sorted(EXPECTED) == sorted(p.name for p in CORPUS.glob("*.bin"))
 
 
+@pytest.mark.parametrize("mmap", [False, True])
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_corpus_file_is_refused_with_a_clear_error(name):
+def test_corpus_file_is_refused_with_a_clear_error(name, mmap):
     tracemalloc.start()
     try:
         with pytest.raises(CheckpointError) as info:
-            nf.load(CORPUS / name)
+            nf.load(CORPUS / name, mmap=mmap)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -87,15 +88,16 @@ def _mutate(content: bytes, steps: list[tuple]) -> bytes:
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(steps=st.lists(mutation, min_size=1, max_size=3))
-def test_mutated_files_are_refused_or_load_the_same_model(valid_file, steps):
+@given(steps=st.lists(mutation, min_size=1, max_size=3), mmap=st.booleans())
+def test_mutated_files_are_refused_or_load_the_same_model(valid_file, steps, mmap):
     content, expected, folder = valid_file
     mutated = _mutate(content, steps)
     path = folder / "mutated.safetensors"
+    path.unlink(missing_ok=True)  # a new file each time: a mapped one must not be rewritten in place
     path.write_bytes(mutated)
     tracemalloc.start()
     try:
-        model = nf.load(path)
+        model = nf.load(path, mmap=mmap)
     except CheckpointError:
         model = None
     finally:

@@ -1,4 +1,4 @@
-"""Proposed tests for the faster loader (not in the repo: test_checkpoint.py is outside this change's files)."""
+"""The loader: files read whole or mapped, checksums by several threads, parameters viewing the file's bytes."""
 import numpy as np
 import pytest
 
@@ -17,12 +17,12 @@ def test_a_large_model_loads_exactly_through_parallel_reads(tmp_path, monkeypatc
     nf.save(model, tmp_path / "m.safetensors")
     loaded = nf.load(tmp_path / "m.safetensors")
     assert all(np.array_equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
-    assert reading.reading_threads(10**9) == 4
+    assert reading.checking_threads(10**9) == 4
 
 
 @pytest.mark.parametrize("threads", [1, 4])
 def test_flipped_bits_in_several_tensors_are_all_named(tmp_path, monkeypatch, threads):
-    monkeypatch.setattr(reading, "reading_threads", lambda size: threads)
+    monkeypatch.setattr(reading, "checking_threads", lambda size: threads)
     nf.manual_seed(0)
     nf.save(nf.Sequential(ops.Linear(300, 200), ops.Linear(200, 100)), tmp_path / "m.safetensors")
     from neuroflow.checkpoint.container import read_header
@@ -79,3 +79,61 @@ def test_resnet18_loads_bit_exact(tmp_path):
     nf.save(model, tmp_path / "r.safetensors")
     loaded = nf.load(tmp_path / "r.safetensors")
     assert all(np.array_equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+
+
+def _mlp_file(tmp_path, quantize=None):
+    nf.manual_seed(0)
+    model = nf.Sequential(ops.Linear(300, 200), ops.ReLU(), ops.Linear(200, 10))
+    nf.save(model, tmp_path / "m.safetensors", quantize=quantize)
+    return model, tmp_path / "m.safetensors"
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_a_float_model_views_one_buffer_that_it_may_change_without_touching_the_file(tmp_path, mmap):
+    model, path = _mlp_file(tmp_path)
+    before = path.read_bytes()
+    loaded = nf.load(path, mmap=mmap)
+    weight = loaded[0].weight.data
+    assert weight.base is not None and weight.flags.writeable and weight.flags.aligned  # a view, no copy
+    assert all(np.array_equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+    weight[...] = 7.0  # copy-on-write: the file keeps its bytes
+    assert path.read_bytes() == before
+    assert np.array_equal(nf.load(path, mmap=mmap)[0].weight.data, model[0].weight.data)
+    trainer = nf.Trainer(loaded, loss=nf.losses.MSE(), batch_size=4, progress=False)
+    assert np.isfinite(trainer.train_step(np.ones((4, 300), np.float32), np.zeros((4, 10), np.float32)))
+
+
+def test_large_files_are_mapped_and_small_ones_read(tmp_path, monkeypatch):
+    from neuroflow.checkpoint.reading import open_file
+
+    _, path = _mlp_file(tmp_path)
+    assert not open_file(path)[1].mapped and open_file(path, mmap=True)[1].mapped
+    monkeypatch.setattr(reading, "MAP_BYTES", 1)
+    assert open_file(path)[1].mapped and not open_file(path, mmap=False)[1].mapped
+
+
+def test_a_converted_file_leaves_no_view_of_its_bytes(tmp_path):
+    model, path = _mlp_file(tmp_path, quantize="int8")
+    loaded = nf.load(path, mmap=True)
+    for tensor in loaded.parameters():
+        assert tensor.data.base is None and tensor.data.dtype == np.float32  # arrays of their own
+    np.testing.assert_allclose(loaded[0].weight.data, model[0].weight.data, atol=np.abs(model[0].weight.data).max() / 200)
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_a_flipped_bit_is_refused_whether_read_or_mapped(tmp_path, mmap):
+    _, path = _mlp_file(tmp_path)
+    from neuroflow.checkpoint.container import read_header
+
+    raw = bytearray(path.read_bytes())
+    raw[read_header(path).tensors["2.weight"].start + 11] ^= 0x01
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="tensor 2.weight fails its checksum"):
+        nf.load(path, mmap=mmap)
+
+
+def test_a_forked_child_gets_its_own_checksum_threads(monkeypatch):
+    first = reading._pool()
+    assert reading._pool() is first
+    monkeypatch.setattr(reading.os, "getpid", lambda: -1)  # as in a child made by os.fork
+    assert reading._pool() is not first

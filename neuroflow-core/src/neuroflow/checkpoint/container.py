@@ -14,8 +14,6 @@ import io
 import json
 import math
 import os
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +74,7 @@ class Header:
     file_size: int
     metadata: dict[str, str]
     tensors: dict[str, TensorEntry]
+    data_start: int = 0  # where the tensor bytes begin: 8 + the header's length
 
     @property
     def total_elements(self) -> int:
@@ -92,21 +91,42 @@ def read_header(path: str | os.PathLike[str], max_header_bytes: int = MAX_HEADER
     """
     file = Path(path)
     try:
-        with open(file, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if size < 8:
-                raise CheckpointError(f"{file}: {size} bytes is too short for a safetensors file (at least 8)")
-            length = int.from_bytes(handle.read(8), "little")
-            if length < 2 or length > min(max_header_bytes, size - 8):
-                raise CheckpointError(
-                    f"{file}: header length {length} is impossible for a file of {size} bytes "
-                    f"(must be 2..{min(max_header_bytes, size - 8)}); the file is truncated or not safetensors"
-                )
-            raw = handle.read(length)
+        with open(file, "rb", buffering=0) as handle:
+            return read_header_from(handle, file, max_header_bytes)
     except OSError as exc:
         raise CheckpointError(f"cannot read {file}: {exc}") from exc
+
+
+def read_header_from(handle: io.RawIOBase, file: Path, max_header_bytes: int = MAX_HEADER_BYTES) -> Header:
+    """:func:`read_header` of a file already open (positioned anywhere); reads the header only."""
+    size = os.fstat(handle.fileno()).st_size
+    handle.seek(0)
+    length = _header_length(file, size, handle.read(8) or b"", max_header_bytes)
+    raw = handle.read(length) or b""
     if len(raw) != length:
         raise CheckpointError(f"{file}: the file changed while it was read")
+    return _parse(file, size, length, raw)
+
+
+def parse_header(file: Path, content: memoryview, max_header_bytes: int = MAX_HEADER_BYTES) -> Header:
+    """:func:`read_header` of a file whose whole content is ``content`` (a mapping of it)."""
+    length = _header_length(file, len(content), content[:8], max_header_bytes)
+    return _parse(file, len(content), length, bytes(content[8:8 + length]))
+
+
+def _header_length(file: Path, size: int, prefix: bytes | memoryview, max_header_bytes: int) -> int:
+    if size < 8 or len(prefix) < 8:
+        raise CheckpointError(f"{file}: {size} bytes is too short for a safetensors file (at least 8)")
+    length = int.from_bytes(prefix, "little")
+    if length < 2 or length > min(max_header_bytes, size - 8):
+        raise CheckpointError(
+            f"{file}: header length {length} is impossible for a file of {size} bytes "
+            f"(must be 2..{min(max_header_bytes, size - 8)}); the file is truncated or not safetensors"
+        )
+    return length
+
+
+def _parse(file: Path, size: int, length: int, raw: bytes) -> Header:
     header = _parse_json(file, raw)
     metadata = header.pop("__metadata__", {})
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
@@ -114,7 +134,7 @@ def read_header(path: str | os.PathLike[str], max_header_bytes: int = MAX_HEADER
     data_size = size - 8 - length
     tensors = {name: _entry(file, name, spec, 8 + length) for name, spec in header.items()}
     _check_tiling(file, tensors, 8 + length, data_size)
-    return Header(file, size, metadata, tensors)
+    return Header(file, size, metadata, tensors, 8 + length)
 
 
 def _parse_json(file: Path, raw: bytes) -> dict[str, Any]:
@@ -195,98 +215,6 @@ def read_into(handle: io.RawIOBase, entry: TensorEntry, out: np.ndarray) -> None
         if not got:
             raise CheckpointError(f"tensor {entry.name!r}: the file ended early; it changed while being read")
         filled += got
-
-
-#: Called with each tensor's bytes once they are read (from a worker thread when reading in parallel).
-OnTensor = Callable[[TensorEntry, memoryview], None]
-_MAX_BUFFERS = 512  # iovecs per readv, below every platform's IOV_MAX
-_READV = getattr(os, "readv", None)  # POSIX only; elsewhere one readinto per tensor
-_PREADV = getattr(os, "preadv", None)
-
-
-def read_tensors(handle: io.RawIOBase, plan: list[tuple[TensorEntry, np.ndarray]], on_tensor: OnTensor,
-                 workers: int = 1) -> None:
-    """Fill each C-contiguous array of ``plan`` with its entry's bytes and hand them to ``on_tensor``.
-
-    With one worker the tensors are read in file order, those that follow each
-    other by one scatter read (``os.readv``) straight into their arrays. With
-    more (where the OS has ``os.preadv``), the tensors are dealt out to that
-    many threads by size, each reading its share with positioned reads and
-    calling ``on_tensor`` itself: reads and ``zlib.crc32`` release the GIL, so
-    the copying and checksumming of a large file spread over the cores.
-    """
-    views = []
-    for entry, out in sorted(plan, key=lambda item: item[0].start):
-        view = out.reshape(-1).view(np.uint8).data
-        if len(view) != entry.stop - entry.start:
-            raise CheckpointError(f"tensor {entry.name!r}: {len(view)} bytes to fill, {entry.stop - entry.start} stored")
-        views.append((entry, view))
-    if workers > 1 and _PREADV is not None and len(views) > 1:
-        _read_in_threads(_PREADV, handle.fileno(), views, on_tensor, workers)
-        return
-    position, first = -1, 0
-    while first < len(views):
-        last = first + 1
-        while last < len(views) and last - first < _MAX_BUFFERS and views[last][0].start == views[last - 1][0].stop:
-            last += 1
-        if views[first][0].start != position:
-            handle.seek(views[first][0].start)
-        _read_fully(handle, [view for _, view in views[first:last]], views[first][0].name)
-        position = views[last - 1][0].stop
-        for entry, view in views[first:last]:
-            on_tensor(entry, view)
-        first = last
-
-
-def _read_fully(handle: io.RawIOBase, views: list[memoryview], name: str) -> None:
-    """Fill ``views`` in order from the current position of ``handle``."""
-    index = 0
-    while index < len(views):
-        if len(views[index]) == 0:
-            index += 1
-            continue
-        got = _READV(handle.fileno(), views[index:]) if _READV is not None else handle.readinto(views[index])
-        if not got:
-            raise CheckpointError(f"tensor {name!r} or one after it: the file ended early; it changed while being read")
-        while index < len(views) and got >= len(views[index]):
-            got -= len(views[index])
-            index += 1
-        if got:
-            views[index] = views[index][got:]
-
-
-def _read_in_threads(preadv: Callable[[int, list[memoryview], int], int], fd: int,
-                     views: list[tuple[TensorEntry, memoryview]], on_tensor: OnTensor, workers: int) -> None:
-    shares: list[list[tuple[TensorEntry, memoryview]]] = [[] for _ in range(workers)]
-    loads = [0] * workers
-    for entry, view in sorted(views, key=lambda item: -len(item[1])):  # largest first, each to the least loaded
-        least = loads.index(min(loads))
-        shares[least].append((entry, view))
-        loads[least] += len(view)
-    errors: list[BaseException] = []
-
-    def work(share: list[tuple[TensorEntry, memoryview]]) -> None:
-        try:
-            for entry, view in share:
-                done = 0
-                while done < len(view):
-                    got = preadv(fd, [view[done:]], entry.start + done)
-                    if not got:
-                        raise CheckpointError(f"tensor {entry.name!r}: the file ended early; it changed while being read")
-                    done += got
-                on_tensor(entry, view)
-        except BaseException as exc:  # re-raised on the calling thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(share,), name=f"neuroflow-read-{i}", daemon=True)
-               for i, share in enumerate(shares[1:], 1) if share]
-    for thread in threads:
-        thread.start()
-    work(shares[0])
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
 
 
 def read_array(handle: io.RawIOBase, entry: TensorEntry) -> np.ndarray:

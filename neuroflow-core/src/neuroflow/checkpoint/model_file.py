@@ -29,7 +29,7 @@ from neuroflow.checkpoint.checksums import ALGORITHM, metadata_checksum, tensor_
 from neuroflow.checkpoint.container import FLOAT_CODES, Header, TensorEntry
 from neuroflow.checkpoint.errors import CheckpointError, few
 from neuroflow.checkpoint.quantize import SCHEME, QuantizationReport, quantize_weights, scale_name
-from neuroflow.checkpoint.reading import read_weights
+from neuroflow.checkpoint.reading import Verification, open_file, read_weights
 from neuroflow.operator import Operator
 
 if TYPE_CHECKING:
@@ -164,24 +164,35 @@ class ModelFile:
         return str(self.header.path)
 
 
-def load(path: str | os.PathLike[str], device: str | Backend | None = None) -> Operator:
+def load(path: str | os.PathLike[str], device: str | Backend | None = None, mmap: bool | None = None) -> Operator:
     """Rebuild the model saved at ``path`` through the op registry and place it on ``device``.
 
     Everything is checked before anything large is allocated: the header
     against the file size, the format version, the checksums of the metadata,
     the topology (unknown ops name the distribution to install), the shape of
-    every tensor against the rebuilt model; each tensor's checksum as it is
-    read. INT8 weights are dequantized to the model's float dtype. Raises
-    CheckpointError for any problem with the file.
+    every tensor against the rebuilt model; then the checksum of every tensor.
+    INT8 weights are dequantized to the model's float dtype. Files of 4 MiB or
+    more are mapped rather than read, and a float model on the CPU then views
+    the mapping (``mmap=False`` reads instead, ``mmap=True`` maps any file;
+    see :mod:`neuroflow.checkpoint.reading` for what a mapping asks of the
+    file). Raises CheckpointError for any problem with the file.
 
     >>> model = nf.load("mlp.safetensors", device="cpu")
     """
     from neuroflow.backends.selection import get_backend
 
     backend = get_backend(device)
-    opened = open_model_file(path)
-    model = rebuild(opened)
-    read_weights(model, opened)
+    header, content = open_file(path, mmap)
+    opened = check_model_header(header)
+    # The file's model tensors are exactly those of the rebuilt model (rebuild checks it): check them meanwhile.
+    optimizer = opened.optimizer_tensors
+    verification = Verification([e for name, e in header.tensors.items() if name not in optimizer], content, opened)
+    try:
+        model = rebuild(opened)
+    except BaseException:
+        verification.cancel()
+        raise
+    read_weights(model, opened, content, verification)
     if opened.scales:
         object.__setattr__(model, _MARKER, SCHEME)
     elif "quantized_from" in opened.runtime:
@@ -193,7 +204,11 @@ def load(path: str | os.PathLike[str], device: str | Backend | None = None) -> O
 
 def open_model_file(path: str | os.PathLike[str], formats: tuple[str, ...] = (MODEL_FORMAT, TRAINING_FORMAT)) -> ModelFile:
     """Read and check a model file's header, metadata and topology; no tensor data is read."""
-    header = container.read_header(path)
+    return check_model_header(container.read_header(path), formats)
+
+
+def check_model_header(header: Header, formats: tuple[str, ...] = (MODEL_FORMAT, TRAINING_FORMAT)) -> ModelFile:
+    """Check the metadata and topology of a model file whose safetensors header has been read."""
     meta, source = header.metadata, str(header.path)
     file_format = meta.get("format")
     if file_format not in formats:

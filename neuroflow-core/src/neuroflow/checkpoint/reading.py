@@ -1,90 +1,209 @@
-"""Reading a model file's tensors into the model rebuilt from it: one pass in file order, checked as it goes.
+"""Reading a model file's tensors into the model rebuilt from it: the file's bytes, checked, then put in place.
 
-A stored tensor whose dtype is the parameter's own is read straight into the
-parameter (which the rebuild left as untouched zeroed memory, see
-:mod:`neuroflow.checkpoint.allocation_guard`): no intermediate copy. The others
-(INT8 weights and their scales, another float width, bfloat16) are read into
-arrays of their stored dtype and converted once every checksum has passed.
-Each tensor's checksum is computed on the bytes just read into it. Large
-files are read by several threads (reads and ``zlib.crc32`` release the GIL):
-CRC-32 costs about as much as the read itself (45 MB of ResNet-18: 8 ms to
-read, 11 to 18 ms to checksum on the 2-core machine of
-``benchmarks/checkpoint.py``; 26 ms with one thread, 21 ms with two when the
-second core was free, no gain when it was busy).
+The file is read whole into one buffer or, when large (:data:`MAP_BYTES`),
+mapped copy-on-write: the pages come straight from the OS file cache, where
+reading 45 MB into fresh memory costs its page faults first (ResNet-18 on the
+2-core machine of ``benchmarks/checkpoint.py``: 9.5 ms to read, 0.4 ms to map;
+CRC-32 takes 11 ms either way). Every tensor's checksum is verified before
+any value is used (large files by several threads: ``zlib.crc32`` releases
+the GIL). When the model takes every stored tensor as it is, its parameters
+become views of that buffer, without a copy; otherwise (INT8 weights and
+their scales, float16 or bfloat16 tensors, the optimizer state of a training
+checkpoint) each tensor is converted or copied into an array of its own and
+the buffer is dropped.
+
+A mapped file must not be rewritten in place while the model lives (a model
+file replaced with ``nf.save``, which writes a new file and renames it, is
+safe): the OS would show the model the new bytes, or end the process with
+SIGBUS where the file shrank. ``nf.load(path, mmap=False)`` reads instead.
 """
 
 from __future__ import annotations
 
+import io
+import mmap as mmap_module
 import os
-from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from neuroflow.checkpoint import container
+from neuroflow.checkpoint.allocation_guard import is_placeholder
 from neuroflow.checkpoint.checksums import TensorVerifier
-from neuroflow.checkpoint.container import TensorEntry
+from neuroflow.checkpoint.container import Header, TensorEntry
+from neuroflow.checkpoint.errors import CheckpointError
 from neuroflow.checkpoint.quantize import dequantize_int8
 from neuroflow.operator import Operator
 
 if TYPE_CHECKING:
     from neuroflow.checkpoint.model_file import ModelFile
 
-#: Bytes of tensors per reading thread: below it a thread costs more to start than it saves.
+#: Files of at least this many bytes are mapped rather than read (where the OS can map files).
+MAP_BYTES = 4 << 20
+#: Bytes of tensors per checksumming thread: below it a thread costs more to start than it saves.
 BYTES_PER_THREAD = 4 << 20
 MAX_THREADS = 8
 
 
-def reading_threads(size: int) -> int:
-    """How many threads read ``size`` bytes of tensors: one per :data:`BYTES_PER_THREAD`, at most the usable cores and 8."""
+@dataclass(frozen=True)
+class FileContent:
+    """The bytes of a model file from ``base`` on (its tensor data, or the whole file when mapped)."""
+
+    data: np.ndarray  # uint8
+    base: int
+    mapped: bool
+
+    def bytes_of(self, entry: TensorEntry) -> np.ndarray:
+        """``entry``'s stored bytes (a view, no copy)."""
+        return self.data[entry.start - self.base:entry.stop - self.base]
+
+    def array(self, entry: TensorEntry) -> np.ndarray:
+        """``entry`` as an array of its stored dtype and shape viewing the buffer (unaligned if the file is)."""
+        return np.frombuffer(self.bytes_of(entry), entry.dtype).reshape(entry.shape)
+
+
+def open_file(path: str | os.PathLike[str], mmap: bool | None = None) -> tuple[Header, FileContent]:
+    """The checked header of the safetensors file at ``path`` and its tensor bytes.
+
+    ``mmap`` None maps files of :data:`MAP_BYTES` or more, True maps any file,
+    False reads. A read file's header is checked before its data is read, so
+    a file that is no safetensors file costs its first bytes only.
+    """
+    file = Path(path)
+    try:
+        with open(file, "rb", buffering=0) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size >= 8 and (mmap or (mmap is None and size >= MAP_BYTES)) and hasattr(mmap_module, "MAP_PRIVATE"):
+                mapping = mmap_module.mmap(handle.fileno(), size, access=mmap_module.ACCESS_COPY)
+                data = np.frombuffer(mapping, np.uint8)
+                return container.parse_header(file, memoryview(mapping)), FileContent(data, 0, True)
+            header = container.read_header_from(handle, file)
+            data = np.empty(size - header.data_start, np.uint8)
+            _read_fully(handle, data.data, file)
+            return header, FileContent(data, header.data_start, False)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {file}: {exc}") from exc
+
+
+def _read_fully(handle: io.RawIOBase, view: memoryview, file: Path) -> None:
+    filled = 0
+    while filled < len(view):
+        got = handle.readinto(view[filled:])
+        if not got:
+            raise CheckpointError(f"{file}: the file ended early; it changed while being read")
+        filled += got
+
+
+def checking_threads(size: int) -> int:
+    """How many threads checksum ``size`` bytes: one per :data:`BYTES_PER_THREAD`, at most the usable cores and 8."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(size // BYTES_PER_THREAD, cores, MAX_THREADS))
 
 
-def read_weights(model: Operator, opened: ModelFile) -> None:
-    """Fill the model's parameters and buffers (host arrays) from the file; raise CheckpointError if a checksum fails."""
+class Verification:
+    """The checksums of a file's tensors, checked by background threads for a large file.
+
+    Started before the model is rebuilt, so that on a machine with a free
+    core the checking (11 ms of one core for the 45 MB of ResNet-18) overlaps
+    the rebuilding; ``zlib.crc32`` releases the GIL. A file below two
+    :data:`BYTES_PER_THREAD` is checked by :meth:`wait` on the calling thread:
+    a worker needs the GIL between tensors, and while the caller runs Python
+    it waits up to the interpreter's switch interval (5 ms) for it, far more
+    than the 0.1 ms the MLP's 0.44 MB take. :meth:`wait` raises CheckpointError
+    naming every tensor whose bytes do not match.
+    """
+
+    def __init__(self, entries: list[TensorEntry], content: FileContent, opened: ModelFile) -> None:
+        self._verifier = TensorVerifier(opened.checksums, opened.source)
+        self._cancelled = False
+        self._views = [(entry, content.bytes_of(entry).data) for entry in entries]
+        workers = min(checking_threads(sum(len(view) for _, view in self._views)), len(self._views))
+        shares = _shares(self._views, workers) if workers > 1 else []
+        self._pending = [_pool().submit(self._check, share) for share in shares if share]
+
+    def _check(self, share: list[tuple[TensorEntry, memoryview]]) -> None:
+        for entry, view in share:
+            if self._cancelled:
+                return
+            self._verifier.check(entry, view)
+
+    def cancel(self) -> None:
+        """Stop checking (the load failed for another reason)."""
+        self._cancelled = True
+
+    def wait(self) -> None:
+        """Wait for every checksum; raise CheckpointError naming the tensors that fail theirs."""
+        if not self._pending:
+            self._check(self._views)
+        for future in self._pending:
+            future.result()
+        self._verifier.finish()
+
+
+def _shares(views: list[tuple[TensorEntry, memoryview]], workers: int) -> list[list[tuple[TensorEntry, memoryview]]]:
+    shares: list[list[tuple[TensorEntry, memoryview]]] = [[] for _ in range(workers)]
+    loads = [0] * workers
+    for entry, view in sorted(views, key=lambda item: -len(item[1])):  # largest first, each to the least loaded
+        least = loads.index(min(loads))
+        shares[least].append((entry, view))
+        loads[least] += len(view)
+    return shares
+
+
+_executor: ThreadPoolExecutor | None = None
+_executor_pid = 0
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _executor, _executor_pid
+    if _executor is None or _executor_pid != os.getpid():  # a forked child has none of its parent's threads
+        _executor = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="neuroflow-checksum")
+        _executor_pid = os.getpid()
+    return _executor
+
+
+def read_weights(model: Operator, opened: ModelFile, content: FileContent, verification: Verification | None = None) -> None:
+    """Fill the model's parameters and buffers (host arrays) from the file; raise CheckpointError if a checksum fails.
+
+    Every checksum is verified first (by ``verification`` when it was started
+    already). A tensor still holding the rebuild's placeholder gets a new
+    array, or a view of ``content`` when the model takes all of the file's
+    data as it is; the others are overwritten in place.
+    """
     stored = opened.header.tensors
     own = dict(model.named_parameters())
     own.update(model.named_buffers())
-    plan: list[tuple[TensorEntry, np.ndarray]] = []
-    conversions: list[Callable[[], None]] = []
+    if verification is None:
+        verification = Verification([stored[name] for name in own] + [stored[s] for s in opened.scales.values()],
+                                    content, opened)
+    verification.wait()
+    direct = [stored[name] for name, tensor in own.items()
+              if name not in opened.scales and stored[name].dtype == tensor.data.dtype and stored[name].dtype.isnative]
+    share = sum(entry.stop - entry.start for entry in direct) == opened.header.file_size - opened.header.data_start
     for name, tensor in own.items():
-        entry, target = stored[name], tensor.data
-        direct = isinstance(target, np.ndarray) and target.flags.c_contiguous and target.dtype == entry.dtype
-        if name in opened.scales:
-            q = np.empty(entry.shape, entry.dtype)
-            scale_entry = stored[opened.scales[name]]
-            scale = np.empty(scale_entry.shape, scale_entry.dtype)
-            plan += [(entry, q), (scale_entry, scale)]
-            conversions.append(_dequantizer(q, scale, target))
-        elif direct:
-            plan.append((entry, target))
-        else:
-            raw = np.empty(entry.shape, entry.dtype)
-            plan.append((entry, raw))
-            conversions.append(_converter(entry, raw, target))
-    size = sum(entry.stop - entry.start for entry, _ in plan)
-    verifier = TensorVerifier(opened.checksums, opened.source)
-    with open(opened.header.path, "rb", buffering=0) as handle:
-        container.read_tensors(handle, plan, verifier.check, workers=reading_threads(size))
-    verifier.finish()
-    for convert in conversions:
-        convert()
+        entry = stored[name]
+        if share and is_placeholder(tensor.data):
+            value = content.array(entry)
+            if value.flags.aligned and value.flags.writeable:
+                tensor.data = value
+                continue
+        if is_placeholder(tensor.data):
+            tensor.data = np.empty(tensor.data.shape, tensor.data.dtype)
+        _fill(tensor.data, entry, content, opened)
 
 
-def _dequantizer(q: np.ndarray, scale: np.ndarray, target: np.ndarray) -> Callable[[], None]:
-    def convert() -> None:
+def _fill(target: np.ndarray, entry: TensorEntry, content: FileContent, opened: ModelFile) -> None:
+    if entry.name in opened.scales:
+        q, scale = content.array(entry), content.array(opened.header.tensors[opened.scales[entry.name]])
         if isinstance(target, np.ndarray) and target.flags.c_contiguous:
             dequantize_int8(q, scale, target)
         else:
             target[...] = dequantize_int8(q, scale, np.empty(q.shape, target.dtype))
-
-    return convert
-
-
-def _converter(entry: TensorEntry, raw: np.ndarray, target: np.ndarray) -> Callable[[], None]:
-    def convert() -> None:
-        value = container.widen_bfloat16(raw) if entry.code == "BF16" else raw
-        target[...] = value.astype(target.dtype, copy=False)
-
-    return convert
+        return
+    value = content.array(entry)
+    if entry.code == "BF16":
+        value = container.widen_bfloat16(value)
+    target[...] = value

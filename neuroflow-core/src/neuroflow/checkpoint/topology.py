@@ -24,7 +24,7 @@ from importlib import metadata as importlib_metadata
 from typing import Any, cast
 
 from neuroflow import registry
-from neuroflow.checkpoint.allocation_guard import limit_random_draws, release
+from neuroflow.checkpoint.allocation_guard import limit_random_draws
 from neuroflow.checkpoint.errors import CheckpointError
 from neuroflow.composites import Concat, Residual, Sequential
 from neuroflow.errors import NeuroFlowError
@@ -246,7 +246,7 @@ def resolve_op_types(topology: dict[str, Any], source: str) -> dict[str, type[Op
 
 
 def build(topology: dict[str, Any], source: str, held_values: int) -> Operator:
-    """The model the topology describes, with placeholder parameters that the caller overwrites.
+    """The model the topology describes, with placeholder parameters that the caller replaces.
 
     Constructors run with the process generator replaced by a stand-in that
     refuses draws far beyond the ``held_values`` the file holds, so a topology
@@ -255,9 +255,7 @@ def build(topology: dict[str, Any], source: str, held_values: int) -> Operator:
     """
     classes = resolve_op_types(topology, source)
     with limit_random_draws(held_values, source):
-        model = _build(topology["root"], classes, topology.get("ops", {}), source, "model")
-    release(model)
-    return model
+        return _build(topology["root"], classes, topology.get("ops", {}), source, "model")
 
 
 def _build(
