@@ -175,6 +175,10 @@ class Operator:
         """The array namespace of this operator's backend (numpy on cpu)."""
         return np if self._backend is None else self._backend.xp
 
+    def fused(self, name: str) -> Any:
+        """The backend's fused kernel ``name`` (see ``Backend.kernel``), or None: run the generic code."""
+        return None if self._backend is None else self._backend.kernel(name)
+
     def to(self, backend: Backend) -> Operator:
         """Move parameters and buffers to ``backend`` and run there from now on."""
         for module in self.modules():

@@ -241,7 +241,8 @@ class Trainer(MemoryRuntime):
             if not math.isfinite(value):
                 raise NonFiniteLossError(self.step + 1, value, self._first_nonfinite_layer(xd))
             if self._classification:
-                correct += int((out.argmax(axis=1) == yd).sum())
+                # the logits are small ((batch, classes)): counting on the host costs one read, no launches
+                correct += int((np.asarray(backend.to_host(out)).argmax(axis=1) == y).sum())
             g = loss_fn.backward(scale=len(x) / total)
             gx = model.backward(g)
             if tracer is not None:
@@ -427,7 +428,8 @@ class Trainer(MemoryRuntime):
                 out = model.forward(xd)
                 loss_sum += self.loss.forward(out, yd) * len(x)
                 if self._classification:
-                    correct += int((out.argmax(axis=1) == yd).sum())
+                    # the logits are small ((batch, classes)): counting on the host costs one read, no launches
+                    correct += int((np.asarray(backend.to_host(out)).argmax(axis=1) == y).sum())
                 seen += len(x)
         finally:
             model.train(was_training)

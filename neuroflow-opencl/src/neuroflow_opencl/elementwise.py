@@ -16,7 +16,7 @@ import numpy as np
 
 from neuroflow_opencl.array import ClArray, empty, is_array
 from neuroflow_opencl.cdtypes import c_type, preamble
-from neuroflow_opencl.views import broadcast_shapes, broadcast_strides, collapse, contiguous_strides
+from neuroflow_opencl.views import Shape, broadcast_shapes, broadcast_strides, collapse, contiguous_strides
 
 # numpy name -> (arity, C expression over a0, a1, ... already converted to the compute type)
 UFUNCS: dict[str, tuple[int, str]] = {
@@ -89,37 +89,91 @@ def _kind(operand: Any) -> Any:
 
 def apply(name: str, *operands: Any, out: ClArray | None = None, dtype: Any = None) -> ClArray:
     """``numpy.<name>(*operands, out=out)`` on device arrays (and Python/numpy scalars)."""
-    arity, expr = UFUNCS[name]
+    operands = tuple(op if isinstance(op, ClArray) else _scalar(op) for op in operands)
+    key = (name, dtype, None if out is None else (out.dtype, out.shape, out.estrides),
+           *((op.dtype, op.shape, op.estrides) if isinstance(op, ClArray) else type(op) for op in operands))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _plan(name, operands, out, dtype)
+    if out is None:
+        device = next(op.device for op in operands if isinstance(op, ClArray))
+        out = empty(device, plan.shape, plan.dtype)
+    plan.launch(out, operands)
+    return out
+
+
+class _Plan:
+    """Everything about a launch that depends only on dtypes, shapes and strides, computed once."""
+
+    def __init__(self, shape: Shape, dtype: np.dtype, compute: np.dtype, source: tuple[str, str], total: int,
+                 stride_args: list[tuple[np.int64, ...]], shape_args: tuple[np.int64, ...]) -> None:
+        self.shape, self.dtype, self.compute, self.source, self.total = shape, dtype, compute, source, total
+        self.stride_args, self.shape_args = stride_args, shape_args
+        self.scalar = compute.type
+
+    def launch(self, out: ClArray, operands: tuple[Any, ...]) -> None:
+        if not self.total:
+            return
+        strides = self.stride_args
+        args: list[Any] = [out.buffer, np.int64(out.offset), *strides[0]]
+        k = 1
+        for op in operands:
+            if isinstance(op, ClArray):
+                args += [op.buffer, np.int64(op.offset), *strides[k]]
+                k += 1
+            else:
+                args.append(self.scalar(op))
+        args += self.shape_args
+        device = out.device
+        device.kernel(*self.source)(device.queue, (self.total,), None, *args)
+
+
+_PLANS: dict[Any, _Plan] = {}
+
+
+def _plan(name: str, operands: tuple[Any, ...], out: ClArray | None, dtype: Any) -> _Plan:
+    try:
+        arity, expr = UFUNCS[name]
+    except KeyError:
+        raise AttributeError(f"the opencl namespace has no elementwise function {name!r}") from None
     if len(operands) != arity:
         raise TypeError(f"{name} takes {arity} operands; got {len(operands)}")
-    device = next((op.device for op in operands if is_array(op)), None)
-    if device is None:
-        device = out.device if out is not None else None
-    operands = tuple(_scalar(op) if not is_array(op) else op for op in operands)
+    arrays = [op for op in operands if isinstance(op, ClArray)]
+    if not arrays and out is None:
+        raise TypeError(f"{name} needs at least one device array")
     result_dtype, compute = _result_types(name, tuple(_kind(op) for op in operands))
     if dtype is not None:
         result_dtype = compute = np.dtype(dtype)
-    shape = broadcast_shapes(*(op.shape for op in operands if is_array(op)))
-    if out is None:
-        if device is None:
-            raise TypeError(f"{name} needs at least one device array")
-        out = empty(device, shape, result_dtype)
-    else:
-        if not is_array(out):
-            raise TypeError(f"out= must be an opencl array; got {type(out).__name__}")
+    shape = broadcast_shapes(*(a.shape for a in arrays))
+    if out is not None:
         if broadcast_shapes(shape, out.shape) != out.shape:
             raise ValueError(f"non-broadcastable output operand with shape {out.shape} doesn't match the "
                              f"broadcast shape {shape}")
-        if not np.can_cast(result_dtype, out.dtype, "same_kind") and name != "copy":
+        if name != "copy" and not np.can_cast(result_dtype, out.dtype, "same_kind"):
             raise TypeError(f"cannot cast {name} output from {result_dtype} to {out.dtype} with casting rule "
                             "'same_kind'")
-        shape = out.shape
-    if np.dtype(compute).kind not in "biuf":
+        shape, result_dtype = out.shape, out.dtype
+    if compute.kind not in "biuf":
         raise TypeError(f"{name} has no opencl kernel for dtype {compute}")
-    if np.dtype(compute).kind != "f":
+    if compute.kind != "f":
         expr = INTEGER_FORMS.get(name, expr)
-    run(out, expr, operands, compute, predicate=name in PREDICATES)
-    return out
+    out_strides = out.estrides if out is not None else contiguous_strides(shape)
+    return _geometry(shape, out_strides, result_dtype, operands, expr, compute, name in PREDICATES)
+
+
+def _geometry(shape: Shape, out_strides: Shape, out_dtype: np.dtype, operands: tuple[Any, ...], expr: str,
+              compute: np.dtype, predicate: bool) -> _Plan:
+    arrays = [op for op in operands if isinstance(op, ClArray)]
+    stride_sets = [out_strides, *(broadcast_strides(a.shape, a.estrides, shape) for a in arrays)]
+    cshape, csets = collapse(shape, stride_sets)
+    dense = contiguous_strides(cshape)
+    patterns = tuple("c" if s == dense else "s" if not any(s) else "g" for s in csets)
+    kinds = tuple(op.dtype if isinstance(op, ClArray) else None for op in operands)
+    source = _source(expr, out_dtype, np.dtype(compute), kinds, len(cshape), patterns, predicate)
+    # dense operands index with the global id alone: their strides are not passed at all
+    stride_args = [tuple(np.int64(x) for x in s) if p == "g" else () for s, p in zip(csets, patterns)]
+    shape_args = tuple(np.int64(n) for n in cshape) if "g" in patterns else ()
+    return _Plan(shape, out_dtype, np.dtype(compute), source, math.prod(shape), stride_args, shape_args)
 
 
 def _scalar(value: Any) -> Any:
@@ -132,61 +186,50 @@ def _scalar(value: Any) -> Any:
 
 
 def run(out: ClArray, expr: str, operands: tuple[Any, ...], compute: Any, predicate: bool = False) -> None:
-    """Evaluate ``expr`` (over ``a0``, ``a1``, ...) elementwise into ``out``."""
-    shape = out.shape
-    total = math.prod(shape)
-    if total == 0:
-        return
-    arrays = [op for op in operands if is_array(op)]
-    stride_sets = [out.estrides, *(broadcast_strides(a.shape, a.estrides, shape) for a in arrays)]
-    cshape, csets = collapse(shape, stride_sets)
-    dense = contiguous_strides(cshape)
-    patterns = tuple("c" if s == dense else "s" if not any(s) else "g" for s in csets)
-    kinds = tuple(str(op.dtype) if is_array(op) else "scalar" for op in operands)
-    kernel = out.device.kernel(*_source(expr, str(out.dtype), str(np.dtype(compute)), kinds, len(cshape),
-                                        patterns, predicate))
-    args: list[Any] = [out.buffer, np.int64(out.offset), *(np.int64(s) for s in csets[0])]
-    k = 1
-    ctype = np.dtype(compute).type
-    for op in operands:
-        if is_array(op):
-            args += [op.buffer, np.int64(op.offset), *(np.int64(s) for s in csets[k])]
-            k += 1
-        else:
-            args.append(ctype(op))
-    args += [np.int64(n) for n in cshape]
-    kernel(out.device.queue, (total,), None, *args)
+    """Evaluate the C expression ``expr`` (over ``a0``, ``a1``, ... and ``gid``) elementwise into ``out``."""
+    key = ("expr", expr, np.dtype(compute), predicate, (out.dtype, out.shape, out.estrides),
+           *((op.dtype, op.shape, op.estrides) if isinstance(op, ClArray) else type(op) for op in operands))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _geometry(out.shape, out.estrides, out.dtype, operands, expr, np.dtype(compute),
+                                       predicate)
+    plan.launch(out, operands)
 
 
 @cache
-def _source(expr: str, out_dtype: str, compute: str, kinds: tuple[str, ...], ndim: int,
+def _source(expr: str, out_dtype: np.dtype, compute: np.dtype, kinds: tuple[np.dtype | None, ...], ndim: int,
             patterns: tuple[str, ...], predicate: bool) -> tuple[str, str]:
     ct, ot = c_type(compute), c_type(out_dtype)
-    params = [f"__global {ot}* out", "long out_off", *(f"long out_s{d}" for d in range(ndim))]
+    strided = "g" in patterns
+    params = [f"__global {ot}* out", "long out_off", *_stride_params("out", patterns[0], ndim)]
     loads = []
     p = 1
     for i, kind in enumerate(kinds):
-        if kind == "scalar":
+        if kind is None:
             params.append(f"{ct} a{i}")
             continue
-        params += [f"__global const {c_type(kind)}* p{i}", f"long p{i}_off", *(f"long p{i}_s{d}" for d in range(ndim))]
+        params += [f"__global const {c_type(kind)}* p{i}", f"long p{i}_off", *_stride_params(f"p{i}", patterns[p], ndim)]
         loads.append(f"    {ct} a{i} = ({ct})p{i}[p{i}_off + {_index(patterns[p], f'p{i}', ndim)}];")
         p += 1
-    params += [f"long n{d}" for d in range(ndim)]
+    if strided:
+        params += [f"long n{d}" for d in range(ndim)]
     value = f"({expr})"
-    if np.dtype(out_dtype) == np.bool_ and not predicate:
+    if out_dtype == np.bool_ and not predicate:
         value = f"({value} != 0)"
     lines = ["    long gid = get_global_id(0);"]
-    if "g" in patterns:
+    if strided:
         lines.append("    long r = gid;")
         for d in reversed(range(ndim)):
             lines.append(f"    long i{d} = r % n{d}; r /= n{d};" if d else f"    long i{d} = r;")
     lines += loads
     lines.append(f"    out[out_off + {_index(patterns[0], 'out', ndim)}] = ({ot}){value};")
-    name = "elementwise"
-    source = preamble(out_dtype, compute, *(k for k in kinds if k != "scalar"))
-    source += f"__kernel void {name}({', '.join(params)})\n{{\n" + "\n".join(lines) + "\n}\n"
-    return source, name
+    source = preamble(out_dtype, compute, *(k for k in kinds if k is not None))
+    source += f"__kernel void elementwise({', '.join(params)})\n{{\n" + "\n".join(lines) + "\n}\n"
+    return source, "elementwise"
+
+
+def _stride_params(prefix: str, pattern: str, ndim: int) -> list[str]:
+    return [f"long {prefix}_s{d}" for d in range(ndim)] if pattern == "g" else []
 
 
 def _index(pattern: str, prefix: str, ndim: int) -> str:

@@ -99,8 +99,11 @@ class Backend:
 
         - ``adam_update(data, grad, m, v, *, lr, beta1, beta2, eps, weight_decay, decoupled, step)``
         - ``sgd_update(data, grad, buf, *, lr, momentum, dampening, nesterov, weight_decay, first)``
-        - ``softmax_cross_entropy(logits, labels, probs, row_loss, smoothing) -> float`` (mean loss)
+        - ``softmax_cross_entropy(logits, labels, probs, row_loss, smoothing) -> float`` (mean loss; an
+          out-of-range label must read no memory and make the loss NaN)
         - ``softmax_cross_entropy_backward(probs, labels, scale, smoothing) -> probs`` (in place)
+        - ``activation_backward(cached, g, gx, activation, slope)``: ``gx = g · act'`` for ``relu``,
+          ``leaky_relu`` (cached input), ``sigmoid`` and ``tanh`` (cached output)
         """
         return None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from neuroflow.backends.namespaces import array_namespace
@@ -34,14 +35,18 @@ class CrossEntropy(Loss):
         if target.dtype.kind not in "iu":
             raise ShapeError(f"CrossEntropy got labels of dtype {target.dtype}; expected integers in [0, {c})")
         xp = array_namespace(pred)
-        if n and (int(target.min()) < 0 or int(target.max()) >= c):
-            raise ShapeError(f"CrossEntropy got labels outside [0, {c}): min {int(target.min())}, max {int(target.max())}")
         z = self.buffer("z", pred.shape, pred.dtype, xp)
         fused = self.fused("softmax_cross_entropy") if n else None
         if fused is not None:
+            # the kernel turns a bad label into a NaN loss, so the labels are read back only then
             row_loss = self.buffer("row_loss", (n,), pred.dtype, xp)
+            value = float(fused(pred, target, z, row_loss, self.label_smoothing))
+            if math.isnan(value):
+                self._check_labels(target, c)
             self._probs, self._labels = z, target
-            return float(fused(pred, target, z, row_loss, self.label_smoothing))
+            return value
+        if n:
+            self._check_labels(target, c)
         xp.subtract(pred, pred.max(axis=1, keepdims=True), out=z)
         rows = xp.arange(n)
         shifted_label = z[rows, target]
@@ -58,6 +63,12 @@ class CrossEntropy(Loss):
             smooth = float((log_norm - shifted_mean).mean())
             return (1.0 - self.label_smoothing) * nll + self.label_smoothing * smooth
         return nll
+
+    @staticmethod
+    def _check_labels(target: Any, c: int) -> None:
+        low, high = int(target.min()), int(target.max())
+        if low < 0 or high >= c:
+            raise ShapeError(f"CrossEntropy got labels outside [0, {c}): min {low}, max {high}")
 
     def backward(self, scale: float = 1.0) -> Any:
         probs, labels = self._probs, self._labels

@@ -15,6 +15,10 @@ from neuroflow.operator import MemoryDeclaration, Operator
 class _Elementwise(Operator):
     """Shared plumbing: shape-preserving op that caches one array of the input's shape."""
 
+    #: The name a backend's fused ``activation_backward`` knows this activation by (None: no fused path).
+    fused_name: str | None = None
+    fused_slope = 0.0
+
     def __init__(self) -> None:
         super().__init__()
         self._cache: Any = None
@@ -33,7 +37,11 @@ class _Elementwise(Operator):
 
             raise ShapeError(f"{self!r}.backward got gradient of shape {grad_out.shape}; expected {self._cache.shape}")
         gx = self.buffer("gx", grad_out.shape, grad_out.dtype)
-        self._backward(grad_out, gx)
+        fused = self.fused("activation_backward") if self.fused_name else None
+        if fused is not None:
+            fused(self._cache, grad_out, gx, self.fused_name, self.fused_slope)
+        else:
+            self._backward(grad_out, gx)
         return gx
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
@@ -50,6 +58,8 @@ class _Elementwise(Operator):
 
 class ReLU(_Elementwise):
     """max(x, 0); caches its output (positive where the input was)."""
+
+    fused_name = "relu"
 
     def _forward(self, x: Any, y: Any) -> Any:
         self.xp.maximum(x, 0, out=y)
@@ -68,6 +78,7 @@ class LeakyReLU(_Elementwise):
     def __init__(self, negative_slope: float = 0.01) -> None:
         super().__init__()
         self.negative_slope = float(negative_slope)
+        self.fused_name, self.fused_slope = "leaky_relu", self.negative_slope
 
     def _forward(self, x: Any, y: Any) -> Any:
         xp = self.xp
@@ -93,6 +104,8 @@ class LeakyReLU(_Elementwise):
 class Sigmoid(_Elementwise):
     """1 / (1 + e⁻ˣ), computed as ½(1 + tanh(x/2)) so it never overflows."""
 
+    fused_name = "sigmoid"
+
     def _forward(self, x: Any, y: Any) -> Any:
         xp = self.xp
         xp.multiply(x, 0.5, out=y)
@@ -110,6 +123,8 @@ class Sigmoid(_Elementwise):
 
 class Tanh(_Elementwise):
     """Hyperbolic tangent; caches its output."""
+
+    fused_name = "tanh"
 
     def _forward(self, x: Any, y: Any) -> Any:
         self.xp.tanh(x, out=y)

@@ -65,7 +65,9 @@ extern "C" __global__ void softmax_xent_forward(const T* logits, const long long
     for (long long j = t; j < c; j += BLOCK) p[j] *= inv;
     if (t == 0) {
         T log_norm = log(s);
-        T nll = log_norm - (z[labels[row]] - m);
+        long long label = labels[row];
+        // an out-of-range label reads nothing and makes the loss NaN; the caller then names the bad label
+        T nll = (label >= 0 && label < c) ? log_norm - (z[label] - m) : T(NAN);
         T smooth = log_norm - shifted / T(c);
         row_loss[row] = (T(1) - smoothing) * nll + smoothing * smooth;
     }
@@ -79,7 +81,7 @@ extern "C" __global__ void softmax_xent_backward(T* p, const long long* labels, 
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)blockDim.x * gridDim.x) {
         long long row = i / c, col = i - row * c;
-        T target = off + (col == labels[row] ? T(1) - smoothing : T(0));
+        T target = off + (col == labels[row] ? T(1) - smoothing : T(0));  // a bad label never matches a column
         p[i] = (p[i] - target) * factor;
     }
 }

@@ -13,13 +13,14 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from neuroflow_opencl.fused import cross_entropy, optim
+from neuroflow_opencl.fused import activation, cross_entropy, optim
 
 KERNELS: dict[str, Callable[..., Any]] = {
     "adam_update": optim.adam_update,
     "sgd_update": optim.sgd_update,
     "softmax_cross_entropy": cross_entropy.softmax_cross_entropy,
     "softmax_cross_entropy_backward": cross_entropy.softmax_cross_entropy_backward,
+    "activation_backward": activation.activation_backward,
 }
 
 

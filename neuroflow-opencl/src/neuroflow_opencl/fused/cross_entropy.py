@@ -35,7 +35,8 @@ def _forward_source(dtype: str, label_dtype: str) -> str:
     for (long j = 0; j < c; ++j) p[j] *= inv;
     {t} log_norm = log(total);
     long label = (long)labels[y_off + row * y_s];
-    {t} nll = log_norm - (z[label * l_cs] - top);
+    // an out-of-range label reads nothing and makes the loss NaN; the core loss then names the bad label
+    {t} nll = (label >= 0 && label < c) ? log_norm - (z[label * l_cs] - top) : NAN;
     row_loss[r_off + row] = (1 - eps) * nll + eps * (log_norm - shifted_sum / c);
 }}
 """
@@ -45,8 +46,8 @@ def softmax_cross_entropy(device: Any, logits: ClArray, labels: ClArray, probs: 
                           smoothing: float = 0.0) -> float:
     """Mean cross-entropy of ``logits`` (n, c) against ``labels``; ``probs`` receives the softmax.
 
-    The loss value read back here is the training step's one host wait.
-    Labels are range-checked by the caller (the core loss) before this runs.
+    The loss value read back here is the training step's one host wait. An
+    out-of-range label reads no memory and makes the loss NaN.
     """
     n, c = logits.shape
     if not (probs.is_contiguous and row_loss.is_contiguous):
