@@ -126,9 +126,11 @@ class Namespace:
             if len(term) != op.ndim or len(set(term)) != len(term):
                 raise ValueError(f"einsum term {term!r} does not fit an operand of shape {op.shape}")
             for letter, n in zip(term, op.shape):
-                if sizes.setdefault(letter, n) != n and n != 1:
+                known = sizes.setdefault(letter, n)
+                if known != n and 1 not in (known, n):
                     raise ValueError(f"einsum: size of label {letter!r} is {n} for one operand and "
-                                     f"{sizes[letter]} for another")
+                                     f"{known} for another")
+                sizes[letter] = max(known, n)  # a size-1 axis broadcasts, as in numpy
         if out is None:
             out = self.empty(tuple(sizes[c] for c in output), np.result_type(*(op.dtype for op in operands)))
         return self._contract_into(spec, operands, out)

@@ -155,16 +155,13 @@ def _parts(outputs: int, count: int, device: Any) -> int:
 
 
 def _accumulator(kind: str, out_dtype: np.dtype, in_dtypes: list[np.dtype], fp64: bool) -> np.dtype:
-    if kind in ("any", "all"):
-        return np.dtype(np.int32)
-    if kind in ("argmax", "argmin"):
-        return np.result_type(*in_dtypes)
     if kind == "sum" and out_dtype.kind == "f":
         # float32 sums over N·H·W elements lose digits; double keeps parity with numpy's pairwise sum
         return np.dtype(np.float64) if fp64 else np.dtype(np.float32)
-    if kind in ("max", "min"):
-        return np.result_type(*in_dtypes)
-    return out_dtype
+    if kind == "sum":
+        return out_dtype
+    # the others compare the values themselves: any/all must not read 0.5 as the integer 0 (False)
+    return np.result_type(*in_dtypes)
 
 
 def _launch(inputs: Sequence[ClArray], expr: str, kind: str, oshape: Shape, osets: Sequence[Shape],
