@@ -79,6 +79,14 @@ class CudaBackend(Backend):
         return probe.unavailable_reason() is None
 
     @classmethod
+    def device_count(cls) -> int:
+        if not cls.is_available():
+            return 0
+        import cupy
+
+        return probe.device_count(cupy)
+
+    @classmethod
     def unavailable_reason(cls) -> str | None:
         """What is missing for ``cuda`` to run here and what to install; None when it can run."""
         return probe.unavailable_reason()

@@ -37,6 +37,13 @@ class OpenclBackend(Backend):
             return False
 
     @classmethod
+    def device_count(cls) -> int:
+        try:
+            return len(all_devices())
+        except Exception:
+            return 0
+
+    @classmethod
     def unavailable_reason(cls) -> str | None:
         try:
             return None if all_devices() else NO_PLATFORM_HELP

@@ -32,6 +32,11 @@ class Backend:
         return True
 
     @classmethod
+    def device_count(cls) -> int:
+        """How many devices ``name:0`` … ``name:N-1`` this backend can run on here."""
+        return 1 if cls.is_available() else 0
+
+    @classmethod
     def unavailable_reason(cls) -> str | None:
         """Why this backend cannot run here and what to install; None when it can."""
         return None if cls.is_available() else f"backend {cls.name!r} cannot run on this machine"

@@ -54,5 +54,9 @@ def get_backend(spec: str | Backend | None = None) -> Backend:
         from neuroflow.plugins import plugin_manager
 
         chosen = plugin_manager().hook.neuroflow_select_backend(available=available_backends())
-        name = chosen or "cpu"
+        if chosen is None:
+            from neuroflow.backends.auto import choose
+
+            chosen, _ = choose(available_backends())
+        name = chosen
     return _instance(name, index)

@@ -55,11 +55,23 @@ def _backends() -> list[list[str]]:
                 reason = cls.unavailable_reason()
                 table.append([name, where, "not available here", reason or ""])
                 continue
-            facts = cls(0).describe()
-            table.append([name, where, "available", " ".join(f"{k}={v}" for k, v in facts.items())])
+            for index in range(cls.device_count()):
+                facts = cls(index).describe()
+                table.append([f"{name}:{index}", where, "available", " ".join(f"{k}={v}" for k, v in facts.items())])
         except Exception as exc:  # a backend plugin failing to import or probe is what doctor is for
             table.append([name, where, f"FAILED: {type(exc).__name__}: {exc}"])
+    table.append(_auto_row())
     return table
+
+
+def _auto_row() -> list[str]:
+    from neuroflow.backends.auto import cache_path, cached_choice
+
+    record = cached_choice()
+    if not record:
+        return ["auto", "", "not measured yet", f"first use of NEUROFLOW_BACKEND=auto measures and caches in {cache_path()}"]
+    timings = ", ".join(f"{k} {v * 1e3:.2f} ms/step" for k, v in record.get("step_seconds", {}).items())
+    return ["auto", "", f"-> {record.get('choice')}", f"{timings} (measured {record.get('measured_at', '?')})"]
 
 
 def _plugins() -> list[list[str]]:
