@@ -198,7 +198,7 @@ def test_doctor_reports_versions_backends_and_data(capsys):
     assert f"numpy        {np.__version__}" in out
     assert f"neuroflow    {neuroflow.__version__}" in out
     assert "pluggy" in out and "cpu count" in out and "platform" in out
-    assert any(line.split()[:3] == ["cpu", "neuroflow-core", "0.1.0"] and "available" in line
+    assert any(line.split()[:3] == ["cpu:0", "neuroflow-core", "0.1.0"] and "available" in line
                for line in out.splitlines())
     assert any(line.split()[:1] == ["mnist"] for line in out.splitlines())
 
