@@ -11,6 +11,7 @@ from neuroflow.backends.base import Backend
 from neuroflow_opencl import fused
 from neuroflow_opencl.array import ClArray, is_array
 from neuroflow_opencl.device import NO_PLATFORM_HELP, Device, all_devices
+from neuroflow_opencl.offload import Offloader, Unloaded
 from neuroflow_opencl.transfer import from_host, to_host
 
 
@@ -28,6 +29,7 @@ class OpenclBackend(Backend):
         self.cl_device = Device(index)
         self.xp = self.cl_device.namespace
         self._kernels = fused.bind(self.cl_device)
+        self.offloader = Offloader(self.cl_device)
 
     @classmethod
     def is_available(cls) -> bool:
@@ -66,6 +68,18 @@ class OpenclBackend(Backend):
 
     def to_host(self, array: Any) -> np.ndarray:
         return to_host(array) if is_array(array) else np.asarray(array)
+
+    # ---------------------------------------------------------------- memory
+    def free_bytes(self) -> int:
+        """Device memory not held by NeuroFlow's buffers (OpenCL has no query for what other programs use)."""
+        self.offloader.release_finished()
+        return max(self.cl_device.facts.global_mem_bytes - self.cl_device.pool_bytes, 0)
+
+    def unload(self, array: Any) -> Any:
+        return self.offloader.unload(array)
+
+    def reload(self, handle: Any) -> Any:
+        return self.offloader.reload(handle) if isinstance(handle, Unloaded) else handle
 
     def synchronize(self) -> None:
         self.cl_device.synchronize()
