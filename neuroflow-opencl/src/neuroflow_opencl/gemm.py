@@ -1,23 +1,35 @@
-"""Matrix products: a register-blocked GEMM over strided views (transposes are free), batched.
+"""Matrix products: register-blocked GEMM kernels over strided views (transposes are free), batched.
 
-Each work item computes a TM×TN block of C, keeping it in registers while
-it walks K; loads at the edges are clamped into the matrix rather than
-branched on, and only the stores are guarded. Unit strides are compiled in
-as constants so the compiler can vectorise (pocl vectorises across work items).
+The kernel is chosen per call from the layout (sources in ``gemm_source``):
+
+- on GPUs, ``tiled`` (local-memory tiles) for every layout;
+- on CPUs (pocl), ``rows`` — ``rows``×16 of C in vector registers — whenever B's rows or A's columns
+  are contiguous (the latter by computing Cᵀ = Bᵀ Aᵀ, which only swaps strides); when neither is (x @ W.T),
+  B is first copied dense, one extra launch that costs far less than the slower kernels measured here
+  (``dots`` along k ran at ~10 GFLOP/s against ~25 for ``rows``); the small leftovers (N < 4) use
+  ``dots`` or ``scalar``.
+
+``NEUROFLOW_OPENCL_GEMM=tiled|rows|dots|scalar`` forces a kernel where its layout allows (tests
+use it to run the GPU kernel on pocl). pocl runs one work group per task on its worker threads, so
+work groups stay small (4 work items) to give both cores work even for a 64-row batch; global sizes
+are rounded up to the work-group size and the kernels ignore the extra work items.
 """
 
 from __future__ import annotations
 
 import math
-from functools import cache
+import os
+from typing import Any
 
 import numpy as np
 
+from neuroflow_opencl import gemm_source
 from neuroflow_opencl.array import ClArray, empty, is_array
-from neuroflow_opencl.cdtypes import c_type, preamble
 from neuroflow_opencl.views import broadcast_shapes, broadcast_strides, collapse
 
-TM, TN = 4, 4
+VARIANTS = ("tiled", "rows", "dots", "scalar")
+TILED_GROUP, TILED_PER = 16, 4  # 16×16 work items, 4×4 outputs each: a 64×64 tile of C per work group
+GROUP_ITEMS = 4  # work items per work group on CPUs
 
 
 def matmul(a: ClArray, b: ClArray, out: ClArray | None = None) -> ClArray:
@@ -58,57 +70,80 @@ def _gemm(a: ClArray, b: ClArray, c: ClArray, batch: tuple[int, ...], m: int, n:
     sb = broadcast_strides(b.shape[:-2], b.estrides[:-2], batch)
     bshape, (bsa, bsb, bsc) = collapse(batch, [sa, sb, c.estrides[:-2]])
     if len(bshape) > 1:  # batch axes that no single stride can walk: one launch per outer index
-        for i in range(bshape[0]):
-            _gemm(_slice(a, sa, i), _slice(b, sb, i), c[i] if c.ndim > 2 else c, batch[1:], m, n, k)
+        for i in range(batch[0]):
+            _gemm(_slice(a, batch, sa, i), _slice(b, batch, sb, i), c[i], batch[1:], m, n, k)
         return
-    nb = bshape[0] if bshape else 1
-    strides = (a.estrides[-2], a.estrides[-1], b.estrides[-2], b.estrides[-1], c.estrides[-2], c.estrides[-1])
+    # A stride along a length-1 axis never moves; calling it 1 lets more calls take the vector kernels.
+    a_sm, a_sk, b_sk, b_sn, c_sm, c_sn = (1 if size == 1 else s for size, s in zip(
+        (m, k, k, n, m, n), (*a.estrides[-2:], *b.estrides[-2:], *c.estrides[-2:]), strict=True))
+    variant = _variant(c.device, m, n, a_sm, a_sk, b_sk, b_sn)
+    if variant == "pack":
+        _gemm(a, b.copy(), c, batch, m, n, k)
+        return
+    operands = [(a, a_sm, a_sk, bsa), (b, b_sk, b_sn, bsb), (c, c_sm, c_sn, bsc)]
+    if variant == "rows" and not (b_sn == 1 and n >= 4):  # Cᵀ = Bᵀ Aᵀ: B's transpose has the contiguous rows
+        operands = [(b, b_sn, b_sk, bsb), (a, a_sk, a_sm, bsa), (c, c_sn, c_sm, bsc)]
+        m, n = n, m
+    _launch(variant, operands, bshape[0] if bshape else 1, m, n, k)
+
+
+def _variant(device: Any, m: int, n: int, a_sm: int, a_sk: int, b_sk: int, b_sn: int) -> str:
+    """The kernel for this layout on ``device``: forced by NEUROFLOW_OPENCL_GEMM where the layout allows."""
+    forced = os.environ.get("NEUROFLOW_OPENCL_GEMM")
+    if forced is not None and forced not in VARIANTS:
+        raise ValueError(f"NEUROFLOW_OPENCL_GEMM={forced!r}; expected one of {', '.join(VARIANTS)}")
+    if forced == "tiled" or (forced is None and device.facts.kind == "gpu"):
+        return "tiled"
+    dots = a_sk == 1 and b_sk == 1
+    if forced == "dots" and dots:
+        return "dots"
+    if forced == "scalar":
+        return "scalar"
+    if (b_sn == 1 and n >= 4) or (a_sm == 1 and m >= 4):
+        return "rows"
+    if n >= 4 and m >= 4:
+        return "pack"
+    return "dots" if dots else "scalar"
+
+
+def _launch(variant: str, operands: list[tuple[ClArray, int, int, tuple[int, ...]]], nb: int,
+            m: int, n: int, k: int) -> None:
+    (a, a_sm, a_sk, bsa), (b, b_sk, b_sn, bsb), (c, c_sm, c_sn, bsc) = operands
+    strides = (a_sm, a_sk, b_sk, b_sn, c_sm, c_sn)
+    dtypes = (str(c.dtype), str(a.dtype), str(b.dtype))
     unit = tuple(s == 1 for s in strides)
-    source = _source(str(c.dtype), str(a.dtype), str(b.dtype), unit)
+    local: tuple[int, int, int] | None
+    if variant == "tiled":
+        source = gemm_source.tiled_source(*dtypes, unit, TILED_GROUP, TILED_PER)
+        tile = TILED_GROUP * TILED_PER
+        local = (TILED_GROUP, TILED_GROUP, 1)
+        size = (math.ceil(n / tile) * TILED_GROUP, math.ceil(m / tile) * TILED_GROUP, nb)
+    else:
+        lanes = 64 // c.dtype.itemsize  # one AVX-512 register
+        if variant == "rows":
+            rows = min(8, 1 << (m - 1).bit_length())  # a GEMV (one row) computes one row, not eight
+            cols = next(w for w in (lanes, 8, 4) if w <= n)
+            source = gemm_source.rows_source(*dtypes, unit, rows, cols)
+        elif variant == "dots":
+            rows, cols = min(4, 1 << (m - 1).bit_length()), min(4, 1 << (n - 1).bit_length())
+            source = gemm_source.dots_source(*dtypes, unit, rows, cols, lanes)
+        else:
+            rows = cols = 4
+            source = gemm_source.scalar_source(*dtypes, unit, rows, cols)
+        size, local = _cpu_sizes(math.ceil(n / cols), math.ceil(m / rows), nb)
     kernel = c.device.kernel(source, "gemm")
-    args = [a.buffer, np.int64(a.offset), b.buffer, np.int64(b.offset), c.buffer, np.int64(c.offset),
-            *(np.int64(s) for s in strides),
-            np.int64(bsa[0] if bshape else 0), np.int64(bsb[0] if bshape else 0), np.int64(bsc[0] if bshape else 0),
-            np.int64(m), np.int64(n), np.int64(k)]
-    kernel(c.device.queue, (math.ceil(n / TN), math.ceil(m / TM), nb), None, *args)
+    kernel(c.device.queue, size, local, a.buffer, np.int64(a.offset), b.buffer, np.int64(b.offset),
+           c.buffer, np.int64(c.offset), *(np.int64(s) for s in strides),
+           *(np.int64(s[0] if s else 0) for s in (bsa, bsb, bsc)), np.int64(m), np.int64(n), np.int64(k))
 
 
-def _slice(x: ClArray, batch_strides: tuple[int, ...], i: int) -> ClArray:
-    return x._view(x.offset + i * batch_strides[0], x.shape[-2:], x.estrides[-2:]) if x.ndim > 2 else x
+def _cpu_sizes(gx: int, gy: int, nb: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Global and local sizes: ``GROUP_ITEMS`` work items per group, along columns first (they share A's rows)."""
+    lx = min(GROUP_ITEMS, 1 << (gx.bit_length() - 1))
+    ly = min(GROUP_ITEMS // lx, 1 << (gy.bit_length() - 1))
+    return (math.ceil(gx / lx) * lx, math.ceil(gy / ly) * ly, nb), (lx, ly, 1)
 
 
-@cache
-def _source(out_dtype: str, a_dtype: str, b_dtype: str, unit: tuple[bool, ...]) -> str:
-    t, ta, tb = c_type(out_dtype), c_type(a_dtype), c_type(b_dtype)
-    names = ("a_sm", "a_sk", "b_sk", "b_sn", "c_sm", "c_sn")
-    params = [f"__global const {ta}* A", "long a_off", f"__global const {tb}* B", "long b_off",
-              f"__global {t}* C", "long c_off", *(f"long {n}_arg" for n in names),
-              "long a_sb", "long b_sb", "long c_sb", "long M", "long N", "long K"]
-    consts = "\n".join(f"    const long {n} = {'1' if u else n + '_arg'};" for n, u in zip(names, unit))
-    rows = "\n".join(f"    const long r{i} = min(m0 + {i}, M - 1);" for i in range(TM))
-    cols = "\n".join(f"    const long q{j} = min(n0 + {j}, N - 1);" for j in range(TN))
-    acc = "\n".join(f"    {t} c{i}{j} = 0;" for i in range(TM) for j in range(TN))
-    loads_a = "\n".join(f"        {t} x{i} = A[a_off + r{i} * a_sm + p * a_sk];" for i in range(TM))
-    loads_b = "\n".join(f"        {t} y{j} = B[b_off + p * b_sk + q{j} * b_sn];" for j in range(TN))
-    fmas = "\n".join(f"        c{i}{j} += x{i} * y{j};" for i in range(TM) for j in range(TN))
-    stores = "\n".join(
-        f"    if (m0 + {i} < M && n0 + {j} < N) C[c_off + (m0 + {i}) * c_sm + (n0 + {j}) * c_sn] = c{i}{j};"
-        for i in range(TM) for j in range(TN))
-    return preamble(out_dtype, a_dtype, b_dtype) + f"""__kernel void gemm({', '.join(params)})
-{{
-{consts}
-    const long n0 = get_global_id(0) * {TN};
-    const long m0 = get_global_id(1) * {TM};
-    const long batch = get_global_id(2);
-    a_off += batch * a_sb; b_off += batch * b_sb; c_off += batch * c_sb;
-{rows}
-{cols}
-{acc}
-    for (long p = 0; p < K; ++p) {{
-{loads_a}
-{loads_b}
-{fmas}
-    }}
-{stores}
-}}
-"""
+def _slice(x: ClArray, batch: tuple[int, ...], strides: tuple[int, ...], i: int) -> ClArray:
+    """Index ``i`` along the first batch axis of ``x`` broadcast to ``batch`` (``strides``: its batch strides)."""
+    return x._view(x.offset + i * strides[0], (*batch[1:], *x.shape[-2:]), (*strides[1:], *x.estrides[-2:]))

@@ -1,0 +1,162 @@
+"""OpenCL C source of the GEMM kernels: C[b] = A[b] @ B[b] over strided views, one kernel per layout.
+
+Every kernel takes the same arguments — (A, a_off, B, b_off, C, c_off, a_sm, a_sk, b_sk, b_sn, c_sm,
+c_sn, a_sb, b_sb, c_sb, M, N, K), strides in elements — so the launcher does not care which it runs.
+A stride that is 1 is compiled in as a constant, which lets the compiler use contiguous vector loads.
+
+- ``rows``: B's rows are contiguous (``b_sn == 1``). A work item keeps ``rows`` × ``width`` of C in
+  ``rows`` vector registers and per k adds a broadcast of A[i, k] times one vector load of B[k, n:n+width].
+  The last column block is shifted left to end at N (it recomputes a few columns another work item
+  also writes, with the same values), so loads need no guard. Needs N ≥ width.
+- ``dots``: A's and B's columns are contiguous (``a_sk == b_sk == 1``, as in x @ W.T). A work item
+  computes ``rows`` × ``cols`` dot products with vector loads along k, summing the lanes once at the end.
+- ``scalar``: any strides, a 4×4 block of scalars per work item; loads clamped into the matrix.
+- ``tiled``: for GPUs. A work group stages ``TILE_K``-deep slices of A and B in local memory and each
+  work item accumulates a ``per``×``per`` block from them. pocl runs it too (that is how it is tested),
+  but on a CPU local memory is only an extra copy.
+
+Measured on pocl (2-core AVX-512 Xeon): plain ``a * b + c`` compiles to FMA; ``fma()`` calls were slower.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from neuroflow_opencl.cdtypes import c_type, preamble
+
+STRIDES = ("a_sm", "a_sk", "b_sk", "b_sn", "c_sm", "c_sn")
+TILE_K = 16
+
+
+def _header(t: str, ta: str, tb: str, unit: tuple[bool, ...], attributes: str = "") -> str:
+    params = [f"__global const {ta}* restrict A", "long a_off", f"__global const {tb}* restrict B", "long b_off",
+              f"__global {t}* restrict C", "long c_off", *(f"long {n}_arg" for n in STRIDES),
+              "long a_sb", "long b_sb", "long c_sb", "long M", "long N", "long K"]
+    consts = "\n".join(f"    const long {n} = {'1' if u else n + '_arg'};" for n, u in zip(STRIDES, unit, strict=True))
+    return f"""{attributes}__kernel void gemm({', '.join(params)})
+{{
+{consts}
+    const long batch = get_global_id(2);
+    a_off += batch * a_sb; b_off += batch * b_sb; c_off += batch * c_sb;
+"""
+
+
+@cache
+def rows_source(out_dtype: str, a_dtype: str, b_dtype: str, unit: tuple[bool, ...], rows: int, width: int) -> str:
+    t, ta, tb = c_type(out_dtype), c_type(a_dtype), c_type(b_dtype)
+    v = f"{t}{width}"
+    lines = [
+        f"    const long n0 = min((long)get_global_id(0) * {width}, N - {width});",
+        f"    const long m0 = get_global_id(1) * {rows};",
+        "    if (m0 >= M) return;",
+        f"    __global const {tb}* b = B + b_off + n0;",
+    ]
+    for i in range(rows):
+        lines.append(f"    __global const {ta}* a{i} = A + a_off + min(m0 + {i}, M - 1) * a_sm;")
+        lines.append(f"    {v} c{i} = 0;")
+    lines.append("    for (long p = 0; p < K; ++p) {")
+    lines.append(f"        const {v} y = convert_{v}(vload{width}(0, b + p * b_sk));")
+    lines += [f"        c{i} = ({t})a{i}[p * a_sk] * y + c{i};" for i in range(rows)]
+    lines.append("    }")
+    lines.append(f"    __global {t}* c = C + c_off + n0 * c_sn;")
+    for i in range(rows):
+        guard = f"if (m0 + {i} < M) " if i else ""
+        lines.append(f"    {guard}{{")
+        lines.append(f"        if (c_sn == 1) vstore{width}(c{i}, 0, c + (m0 + {i}) * c_sm);")
+        lines.append("        else {")
+        lines += [f"            c[(m0 + {i}) * c_sm + {j} * c_sn] = c{i}.s{j:x};" for j in range(width)]
+        lines.append("        }")
+        lines.append("    }")
+    return preamble(out_dtype, a_dtype, b_dtype) + _header(t, ta, tb, unit) + "\n".join(lines) + "\n}\n"
+
+
+@cache
+def dots_source(out_dtype: str, a_dtype: str, b_dtype: str, unit: tuple[bool, ...],
+                rows: int, cols: int, width: int) -> str:
+    t, ta, tb = c_type(out_dtype), c_type(a_dtype), c_type(b_dtype)
+    v = f"{t}{width}"
+    lines = [
+        f"    const long n0 = get_global_id(0) * {cols};",
+        f"    const long m0 = get_global_id(1) * {rows};",
+        "    if (m0 >= M || n0 >= N) return;",
+    ]
+    lines += [f"    __global const {ta}* a{i} = A + a_off + min(m0 + {i}, M - 1) * a_sm;" for i in range(rows)]
+    lines += [f"    __global const {tb}* b{j} = B + b_off + min(n0 + {j}, N - 1) * b_sn;" for j in range(cols)]
+    lines += [f"    {v} c{i}{j} = 0;" for i in range(rows) for j in range(cols)]
+    lines.append(f"    const long kv = K - K % {width};")
+    lines.append(f"    for (long p = 0; p < kv; p += {width}) {{")
+    lines += [f"        const {v} x{i} = convert_{v}(vload{width}(0, a{i} + p));" for i in range(rows)]
+    lines += [f"        const {v} y{j} = convert_{v}(vload{width}(0, b{j} + p));" for j in range(cols)]
+    lines += [f"        c{i}{j} = x{i} * y{j} + c{i}{j};" for i in range(rows) for j in range(cols)]
+    lines.append("    }")
+    lanes = " + ".join(f"c{{i}}{{j}}.s{q:x}" for q in range(width))
+    lines += [f"    {t} s{i}{j} = {lanes.format(i=i, j=j)};" for i in range(rows) for j in range(cols)]
+    lines.append("    for (long p = kv; p < K; ++p) {")
+    lines += [f"        s{i}{j} += ({t})a{i}[p] * b{j}[p];" for i in range(rows) for j in range(cols)]
+    lines.append("    }")
+    lines += [f"    if (m0 + {i} < M && n0 + {j} < N) C[c_off + (m0 + {i}) * c_sm + (n0 + {j}) * c_sn] = s{i}{j};"
+              for i in range(rows) for j in range(cols)]
+    return preamble(out_dtype, a_dtype, b_dtype) + _header(t, ta, tb, unit) + "\n".join(lines) + "\n}\n"
+
+
+@cache
+def scalar_source(out_dtype: str, a_dtype: str, b_dtype: str, unit: tuple[bool, ...], rows: int, cols: int) -> str:
+    t, ta, tb = c_type(out_dtype), c_type(a_dtype), c_type(b_dtype)
+    lines = [
+        f"    const long n0 = get_global_id(0) * {cols};",
+        f"    const long m0 = get_global_id(1) * {rows};",
+        "    if (m0 >= M || n0 >= N) return;",
+    ]
+    lines += [f"    __global const {ta}* a{i} = A + a_off + min(m0 + {i}, M - 1) * a_sm;" for i in range(rows)]
+    lines += [f"    __global const {tb}* b{j} = B + b_off + min(n0 + {j}, N - 1) * b_sn;" for j in range(cols)]
+    lines += [f"    {t} c{i}{j} = 0;" for i in range(rows) for j in range(cols)]
+    lines.append("    for (long p = 0; p < K; ++p) {")
+    lines += [f"        const {t} x{i} = a{i}[p * a_sk];" for i in range(rows)]
+    lines += [f"        const {t} y{j} = b{j}[p * b_sk];" for j in range(cols)]
+    lines += [f"        c{i}{j} = x{i} * y{j} + c{i}{j};" for i in range(rows) for j in range(cols)]
+    lines.append("    }")
+    lines += [f"    if (m0 + {i} < M && n0 + {j} < N) C[c_off + (m0 + {i}) * c_sm + (n0 + {j}) * c_sn] = c{i}{j};"
+              for i in range(rows) for j in range(cols)]
+    return preamble(out_dtype, a_dtype, b_dtype) + _header(t, ta, tb, unit) + "\n".join(lines) + "\n}\n"
+
+
+@cache
+def tiled_source(out_dtype: str, a_dtype: str, b_dtype: str, unit: tuple[bool, ...], group: int, per: int) -> str:
+    """A ``group``×``group`` work group computes a (group·per)² tile of C; work item (tx, ty) owns the
+    rows ty + i·group and columns tx + j·group, so neighbouring work items touch neighbouring addresses."""
+    t, ta, tb = c_type(out_dtype), c_type(a_dtype), c_type(b_dtype)
+    tile = group * per
+    lines = [
+        f"    __local {t} As[{TILE_K}][{tile} + 1];",
+        f"    __local {t} Bs[{TILE_K}][{tile} + 1];",
+        "    const int tx = get_local_id(0), ty = get_local_id(1);",
+        f"    const long n0 = get_group_id(0) * {tile}, m0 = get_group_id(1) * {tile};",
+        f"    const int lid = ty * {group} + tx;",
+        *(f"    {t} c{i}{j} = 0;" for i in range(per) for j in range(per)),
+        f"    for (long k0 = 0; k0 < K; k0 += {TILE_K}) {{",
+        # Each work item stages tile·TILE_K / group² elements of each operand, zero outside the matrices.
+        f"        for (int e = lid; e < {tile * TILE_K}; e += {group * group}) {{",
+        f"            const int r = e / {TILE_K}, q = e % {TILE_K};",
+        "            const long m = m0 + r, k = k0 + q;",
+        f"            As[q][r] = (m < M && k < K) ? ({t})A[a_off + m * a_sm + k * a_sk] : ({t})0;",
+        "        }",
+        f"        for (int e = lid; e < {tile * TILE_K}; e += {group * group}) {{",
+        f"            const int q = e / {tile}, s = e % {tile};",
+        "            const long n = n0 + s, k = k0 + q;",
+        f"            Bs[q][s] = (n < N && k < K) ? ({t})B[b_off + k * b_sk + n * b_sn] : ({t})0;",
+        "        }",
+        "        barrier(CLK_LOCAL_MEM_FENCE);",
+        f"        for (int q = 0; q < {TILE_K}; ++q) {{",
+        *(f"            const {t} x{i} = As[q][ty + {i * group}];" for i in range(per)),
+        *(f"            const {t} y{j} = Bs[q][tx + {j * group}];" for j in range(per)),
+        *(f"            c{i}{j} = x{i} * y{j} + c{i}{j};" for i in range(per) for j in range(per)),
+        "        }",
+        "        barrier(CLK_LOCAL_MEM_FENCE);",
+        "    }",
+    ]
+    for i in range(per):
+        for j in range(per):
+            m, n = f"(m0 + ty + {i * group})", f"(n0 + tx + {j * group})"
+            lines.append(f"    if ({m} < M && {n} < N) C[c_off + {m} * c_sm + {n} * c_sn] = c{i}{j};")
+    attributes = f"__attribute__((reqd_work_group_size({group}, {group}, 1)))\n"
+    return preamble(out_dtype, a_dtype, b_dtype) + _header(t, ta, tb, unit, attributes) + "\n".join(lines) + "\n}\n"
