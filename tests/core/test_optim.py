@@ -262,6 +262,38 @@ def test_state_nbytes_predicts_what_bind_allocates(cls: type[Optimizer], kwargs:
     assert all(a.dtype == np.float32 and a.shape == (flat.size,) for a in opt.state.values())
 
 
+@pytest.mark.parametrize(("cls", "kwargs"), CONFIGS, ids=IDS)
+def test_chunked_update_is_bit_identical_to_one_pass(cls: type[Optimizer], kwargs: dict[str, Any],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generic update runs chunk by chunk with a small scratch: the same bits as a single pass."""
+    import neuroflow.optim.base as base
+
+    rng = np.random.default_rng(3)
+    size = 1000
+    params = [rng.standard_normal(size).astype(np.float32)]
+    grads = [[rng.standard_normal(size).astype(np.float32)] for _ in range(STEPS)]
+    finals = []
+    for chunk in (size, 64, 7):  # one pass, a few chunks, a ragged last chunk
+        monkeypatch.setattr(base, "CHUNK", chunk)
+        tensors = as_tensors(params)
+        opt = cls(**kwargs)
+        run(opt, tensors, grads, scheduled_lrs(kwargs["lr"]))
+        assert opt._scratch.shape == (chunk,)
+        finals.append(tensors[0].data.copy())
+    for other in finals[1:]:
+        np.testing.assert_array_equal(other, finals[0])
+
+
+def test_scratch_is_one_chunk_not_a_copy_of_the_parameters() -> None:
+    from neuroflow.optim.base import CHUNK
+
+    size = 4 * CHUNK + 3
+    opt = SGD(lr=0.1, momentum=0.9)
+    opt.bind_parameters([Tensor(np.zeros(size, np.float32), requires_grad=True)])
+    assert opt._scratch.nbytes == CHUNK * 4
+    assert opt.state_nbytes(size, 4) == (size + CHUNK) * 4
+
+
 # ------------------------------------------------------------------------------------------- validation
 BAD: list[tuple[Callable[[], Optimizer], str]] = [
     (lambda: SGD(lr=0.0), "lr"),

@@ -47,8 +47,12 @@ class Adam(Optimizer):
                   beta2=self.betas[1], eps=self.eps, weight_decay=self.weight_decay,
                   decoupled=self.decoupled_weight_decay, step=self.step_count)
             return
-        xp, scratch = self._xp, self._scratch
         m, v = self.state["exp_avg"], self.state["exp_avg_sq"]
+        for chunk in self._chunks(data, grad, m, v):
+            self._update_chunk(*chunk, lr)
+
+    def _update_chunk(self, data: Any, grad: Any, m: Any, v: Any, scratch: Any, lr: float) -> None:
+        xp = self._xp
         beta1, beta2 = self.betas
         if self.weight_decay and self.decoupled_weight_decay:
             data *= 1.0 - lr * self.weight_decay

@@ -12,6 +12,10 @@ from neuroflow.errors import ConfigError
 from neuroflow.memory.flat import FlatParameters
 from neuroflow.tensor import Tensor
 
+#: Elements per chunk of the generic update: the scratch buffer's size. 2^16 float32 values (256 KiB) stay in
+#: L2 across the handful of passes an update makes, and 170 chunks of ResNet-18 cost ~1 ms of call overhead.
+CHUNK = 1 << 16
+
 
 def to_host(array: Any) -> np.ndarray:
     """A host numpy copy of a device or host array."""
@@ -41,11 +45,14 @@ class Optimizer:
 
     An optimizer is created from hyperparameters alone, then :meth:`bind`
     allocates its state (zeroed, same array module and dtype as the flat data)
-    and a scratch buffer once. After that, :meth:`step` allocates nothing: it
-    works in place and through ``out=`` into those buffers.
+    and a scratch buffer of :data:`CHUNK` elements once. After that,
+    :meth:`step` allocates nothing: it works in place and through ``out=``
+    into those buffers, a chunk of the flat buffer at a time (a handful of
+    vectorised calls per chunk, the same values as one pass over everything).
 
     Subclasses list their state arrays in :meth:`state_names` and implement
-    :meth:`_update`; :meth:`get_config` returns their constructor arguments.
+    :meth:`_update`, usually as a loop over :meth:`_chunks`; :meth:`get_config`
+    returns their constructor arguments.
     """
 
     backend: Any = None  # set by the Trainer; its fused update kernels replace the generic code where it has them
@@ -69,8 +76,8 @@ class Optimizer:
         return ()
 
     def state_nbytes(self, size: int, itemsize: int) -> int:
-        """Bytes :meth:`bind` allocates for ``size`` parameters of ``itemsize`` bytes: state plus one scratch buffer."""
-        return (len(self.state_names()) + 1) * size * itemsize
+        """Bytes :meth:`bind` allocates for ``size`` parameters of ``itemsize`` bytes: state plus one scratch chunk."""
+        return (len(self.state_names()) * size + min(size, CHUNK)) * itemsize
 
     # ---------------------------------------------------------------- binding
     @property
@@ -106,7 +113,7 @@ class Optimizer:
         self._pending = None
         self._flat, self._xp = flat, xp
         self.state = {name: xp.zeros(size, dtype=dtype) for name in self.state_names()}
-        self._scratch = xp.empty(size, dtype=dtype)
+        self._scratch = xp.empty(min(size, CHUNK), dtype=dtype)
         if pending is None:
             self.step_count = 0
         else:
@@ -134,6 +141,13 @@ class Optimizer:
     def _update(self, data: Any, grad: Any, lr: float) -> None:
         """Apply step number ``self.step_count`` (1-based) to ``data`` in place, allocating nothing."""
         raise NotImplementedError(f"{type(self).__name__} does not implement _update")
+
+    def _chunks(self, *arrays: Any) -> Any:
+        """Yield ``(*chunks, scratch)``: matching slices of the flat ``arrays`` and a scratch of their length."""
+        size, step = int(arrays[0].shape[0]), int(self._scratch.shape[0])
+        for start in range(0, size, step):
+            stop = min(start + step, size)
+            yield (*(a[start:stop] for a in arrays), self._scratch[:stop - start])
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -165,7 +179,8 @@ class Optimizer:
         if self._flat is None:
             self._pending = saved or None
         else:
-            self.state = {name: self._xp.zeros_like(self._scratch) for name in self.state_names()}
+            flat = self._flat
+            self.state = {name: self._xp.zeros_like(flat.data) for name in self.state_names()}
             self._copy_state_in(saved)
         self.step_count = step
 
@@ -180,7 +195,7 @@ class Optimizer:
     def _copy_state_in(self, saved: dict[str, np.ndarray]) -> None:
         self._check_sizes(saved, self.flat.size)
         for name, array in saved.items():
-            self.state[name][...] = self._xp.asarray(array.astype(self._scratch.dtype, copy=False))
+            self.state[name][...] = self._xp.asarray(array.astype(self.flat.data.dtype, copy=False))
 
     def __repr__(self) -> str:
         arguments = ", ".join(f"{name}={value!r}" for name, value in self.get_config().items())

@@ -52,14 +52,22 @@ class SGD(Optimizer):
                   dampening=self.dampening, nesterov=self.nesterov, weight_decay=self.weight_decay,
                   first=self.step_count == 1)
             return
-        xp, scratch = self._xp, self._scratch
+        buf = self.state.get("momentum_buffer")
+        if buf is None:
+            for data_c, grad_c, scratch in self._chunks(data, grad):
+                self._update_chunk(data_c, grad_c, None, scratch, lr)
+        else:
+            for data_c, grad_c, buf_c, scratch in self._chunks(data, grad, buf):
+                self._update_chunk(data_c, grad_c, buf_c, scratch, lr)
+
+    def _update_chunk(self, data: Any, grad: Any, buf: Any, scratch: Any, lr: float) -> None:
+        xp = self._xp
         g = grad
         if self.weight_decay:
             xp.multiply(data, self.weight_decay, out=scratch)
             scratch += grad
             g = scratch
-        if self.momentum:
-            buf = self.state["momentum_buffer"]
+        if buf is not None:
             if self.step_count == 1:
                 buf[...] = g
             else:
