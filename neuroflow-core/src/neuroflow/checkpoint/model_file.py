@@ -1,8 +1,10 @@
 """Model files: ``nf.save`` and ``nf.load``.
 
 A model file is a safetensors file. Its tensors are the model's parameters and
-buffers under their dotted names (``0.weight``), in float, or INT8 with
-``name::scale`` per-channel scales. Its ``__metadata__`` holds, as JSON strings:
+buffers under their dotted names (``0.weight``), in float; a quantized file
+holds weights as INT8 with ``name::scale`` per-channel scales and the other
+float tensors as float16 (see :mod:`neuroflow.checkpoint.quantize`). Its
+``__metadata__`` holds, as JSON strings:
 ``format`` and ``format_version``; ``topology`` (the op tree, see
 :mod:`neuroflow.checkpoint.topology`); ``runtime`` (NeuroFlow version, dtype,
 mode); ``quantization`` when quantized; ``user`` (the caller's metadata); and

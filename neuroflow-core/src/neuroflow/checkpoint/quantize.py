@@ -15,7 +15,7 @@ Where the bytes of an INT8 file go, NeuroFlow-CNN (61,042 parameters; the float3
 59.8 kB of INT8 weights, 2.1 kB of float16 scales, 4.2 kB of float16 for the
 2,098 other values, 8.8 kB of header (tensor table, topology, checksums). With
 float32 scales and float32 for the rest, the file was 81.2 kB (0.32 of float32);
-it is 75.0 kB (0.29) now.
+it is 74.9 kB (0.29) now.
 
 Loading dequantizes (``W = q · s``) into ordinary float parameters, rather
 than keeping INT8 weights resident and dequantizing each layer's weights into
