@@ -335,6 +335,23 @@ def is_array(value: Any) -> bool:
     return isinstance(value, ClArray)
 
 
+def overlaps(a: ClArray, b: ClArray) -> bool:
+    """Whether ``a`` may read bytes that writing ``b`` changes (the same view twice is safe: each element reads itself)."""
+    if a.buffer is not b.buffer or not a.size or not b.size:
+        return False
+    if (a.offset * a.itemsize, a.dtype, a.shape, a.estrides) == (b.offset * b.itemsize, b.dtype, b.shape, b.estrides):
+        return False
+    (a_lo, a_hi), (b_lo, b_hi) = _byte_extent(a), _byte_extent(b)
+    return a_lo < b_hi and b_lo < a_hi
+
+
+def _byte_extent(x: ClArray) -> tuple[int, int]:
+    lo = hi = x.offset
+    for n, s in zip(x.shape, x.estrides):
+        lo, hi = lo + min(0, (n - 1) * s), hi + max(0, (n - 1) * s)
+    return lo * x.itemsize, (hi + 1) * x.itemsize
+
+
 def empty(device: Device, shape: Any, dtype: Any = np.float32) -> ClArray:
     """A new dense device array; its buffer comes from the device's pool (reused, not re-created)."""
     shape = normalize_shape(shape)

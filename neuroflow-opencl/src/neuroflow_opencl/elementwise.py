@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from neuroflow_opencl.array import ClArray, empty, is_array
+from neuroflow_opencl.array import ClArray, empty, is_array, overlaps
 from neuroflow_opencl.cdtypes import c_type, preamble
 from neuroflow_opencl.views import Shape, broadcast_shapes, broadcast_strides, collapse, contiguous_strides
 
@@ -33,11 +33,12 @@ UFUNCS: dict[str, tuple[int, str]] = {
     "square": (1, "a0 * a0"), "reciprocal": (1, "1 / a0"),
     "sign": (1, "(a0 > 0) ? 1 : ((a0 < 0) ? -1 : (a0 == a0 ? 0 : a0))"),
     "isfinite": (1, "isfinite(a0)"), "isnan": (1, "isnan(a0)"), "logical_not": (1, "a0 == 0"),
-    "clip": (3, "(a0 < a1) ? a1 : ((a0 > a2) ? a2 : a0)"), "where": (3, "(a0 != 0) ? a1 : a2"),
+    "clip": (3, "(((a0 < a1) ? a1 : a0) > a2) ? a2 : ((a0 < a1) ? a1 : a0)"), "where": (3, "(a0 != 0) ? a1 : a2"),
     "copy": (1, "a0"),
 }
 # Integer forms of the expressions above whose float form guards NaN (a self-comparison on integers).
-INTEGER_FORMS = {"maximum": "(a0 > a1) ? a0 : a1", "minimum": "(a0 < a1) ? a0 : a1", "sign": "(a0 > 0) - (a0 < 0)"}
+INTEGER_FORMS = {"maximum": "(a0 > a1) ? a0 : a1", "minimum": "(a0 < a1) ? a0 : a1", "sign": "(a0 > 0) - (a0 < 0)",
+                 "floor": "a0", "ceil": "a0"}
 # Their result is bool whatever the inputs; the comparison itself runs in the inputs' common type.
 PREDICATES = {"greater", "greater_equal", "less", "less_equal", "equal", "not_equal", "isfinite", "isnan",
               "logical_and", "logical_or", "logical_not"}
@@ -90,6 +91,8 @@ def _kind(operand: Any) -> Any:
 def apply(name: str, *operands: Any, out: ClArray | None = None, dtype: Any = None) -> ClArray:
     """``numpy.<name>(*operands, out=out)`` on device arrays (and Python/numpy scalars)."""
     operands = tuple(op if isinstance(op, ClArray) else _scalar(op) for op in operands)
+    if out is not None:  # numpy reads an input that overlaps ``out`` as it was before the call
+        operands = tuple(op.copy() if isinstance(op, ClArray) and overlaps(op, out) else op for op in operands)
     key = (name, dtype, None if out is None else (out.dtype, out.shape, out.estrides),
            *((op.dtype, op.shape, op.estrides) if isinstance(op, ClArray) else type(op) for op in operands))
     plan = _PLANS.get(key)
@@ -144,6 +147,8 @@ def _plan(name: str, operands: tuple[Any, ...], out: ClArray | None, dtype: Any)
     result_dtype, compute = _result_types(name, tuple(_kind(op) for op in operands))
     if dtype is not None:
         result_dtype = compute = np.dtype(dtype)
+        if name == "copy" and compute == np.bool_ and arrays:
+            compute = arrays[0].dtype  # to bool is "!= 0": 0.5 must not become the integer 0 first
     shape = broadcast_shapes(*(a.shape for a in arrays))
     if out is not None:
         if broadcast_shapes(shape, out.shape) != out.shape:
@@ -155,6 +160,9 @@ def _plan(name: str, operands: tuple[Any, ...], out: ClArray | None, dtype: Any)
         shape, result_dtype = out.shape, out.dtype
     if compute.kind not in "biuf":
         raise TypeError(f"{name} has no opencl kernel for dtype {compute}")
+    if name == "power" and compute.kind != "f":
+        raise TypeError(f"power on the opencl backend needs floating-point operands; got {compute} "
+                        "(convert with astype(np.float32))")
     if compute.kind != "f":
         expr = INTEGER_FORMS.get(name, expr)
     out_strides = out.estrides if out is not None else contiguous_strides(shape)

@@ -11,7 +11,7 @@ from neuroflow_opencl.array import ClArray, empty
 
 def from_host(device: Any, array: Any, dtype: Any = None) -> ClArray:
     """A new device array holding ``array``; the copy is queued, not waited for."""
-    host = np.ascontiguousarray(array, dtype=dtype)
+    host = np.asarray(array, dtype=dtype, order="C")  # ascontiguousarray would make a 0-d array 1-d
     if host.dtype == np.float16:
         raise TypeError("the opencl backend has no float16 kernels; convert to float32 first")
     out = empty(device, host.shape, host.dtype)
@@ -23,7 +23,7 @@ def from_host(device: Any, array: Any, dtype: Any = None) -> ClArray:
 
 def write(target: ClArray, array: np.ndarray) -> None:
     """Copy a host array into the dense device array ``target`` (queued)."""
-    host = np.ascontiguousarray(array, dtype=target.dtype)
+    host = np.asarray(array, dtype=target.dtype, order="C")
     if host.shape != target.shape:
         raise ValueError(f"cannot copy a host array of shape {host.shape} into a device array of shape {target.shape}")
     if not target.is_contiguous:
