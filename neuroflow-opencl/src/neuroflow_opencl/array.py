@@ -357,6 +357,8 @@ def empty(device: Device, shape: Any, dtype: Any = np.float32) -> ClArray:
     shape = normalize_shape(shape)
     dtype = np.dtype(dtype)
     c_type(dtype)  # refuse dtypes without kernels here, not deep inside a kernel build
+    if dtype == np.float64 and not device.facts.fp64:
+        raise TypeError(f"{device.facts.name} has no double precision (cl_khr_fp64); use float32")
     nbytes = math.prod(shape) * dtype.itemsize
     return ClArray(device, device.allocate(nbytes), shape, dtype, address=device.reserve_address(nbytes))
 
