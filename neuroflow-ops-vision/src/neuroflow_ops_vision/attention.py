@@ -14,7 +14,7 @@ import numpy as np
 from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow_ops_vision.conv import Conv2d
 from neuroflow_ops_vision.layout import check_declared_shape, check_feature_map, check_grad, check_layout
-from neuroflow_ops_vision.workspace import scratch
+from neuroflow_ops_vision.workspace import Workspace
 
 
 class SqueezeExcite(Operator):
@@ -76,12 +76,13 @@ class SqueezeExcite(Operator):
         xp = self.xp
         n, c = gate.shape
         spec = "nchw,nchw->nc" if self.layout == "NCHW" else "nhwc,nhwc->nc"
-        ggate = scratch(xp, "se.ggate", (n, 1, 1, c), x.dtype)
-        g2 = ggate.reshape(n, c)
-        g2[...] = xp.einsum(spec, grad_out, x)
-        g2 *= gate
-        g2 *= 1.0 - gate
-        ghidden = self.fc2.backward(ggate)
+        with Workspace(self, "backward") as ws:
+            ggate = ws("se.ggate", (n, 1, 1, c), x.dtype)
+            g2 = ggate.reshape(n, c)
+            g2[...] = xp.einsum(spec, grad_out, x)
+            g2 *= gate
+            g2 *= 1.0 - gate
+            ghidden = self.fc2.backward(ggate)
         ghidden = ghidden * (hidden > 0)
         gsqueezed = self.fc1.backward(ghidden).reshape(n, c)
         area = x.shape[2] * x.shape[3] if self.layout == "NCHW" else x.shape[1] * x.shape[2]

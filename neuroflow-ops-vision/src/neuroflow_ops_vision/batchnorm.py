@@ -20,7 +20,7 @@ from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow.tensor import Tensor
 from neuroflow_ops_vision.layout import check_declared_shape, check_feature_map, check_grad, check_layout
 from neuroflow_ops_vision.reduce import sum_channels, sum_rows
-from neuroflow_ops_vision.workspace import scratch
+from neuroflow_ops_vision.workspace import Workspace
 
 
 class BatchNorm2d(Operator):
@@ -146,34 +146,35 @@ class BatchNorm2d(Operator):
         x, mean, invstd, batch_stats, y = self._x, self._mean, self._invstd, self._batch_stats, self._y
         check_grad(self, grad_out, x.shape)
         xp = self.xp
-        g = grad_out
-        if y is not None:  # fused ReLU: the gradient passes where the output is positive
-            mask = scratch(xp, "batchnorm.mask", y.shape, bool)
-            xp.greater(y, 0, out=mask)
-            g = xp.multiply(grad_out, mask, out=scratch(xp, "batchnorm.g", y.shape, y.dtype))
-        g2, x2 = self._view(g), self._view(x)
-        count = x.size // self.num_features
-        gbeta = self._sum(g2)
-        gxhat_sum = (self._dot(g2, x2) - mean * gbeta) * invstd  # Σ g·x̂ per channel
-        if self.affine:
-            self.accumulate_grad(self.weight, gxhat_sum.astype(x.dtype, copy=False))
-            self.accumulate_grad(self.bias, gbeta.astype(x.dtype, copy=False))
-        gamma = self.weight.data if self.affine else 1.0
-        a = gamma * invstd
-        gx = self.buffer("gx", x.shape, x.dtype)
-        gx2 = self._view(gx)
-        if not batch_stats:
-            xp.multiply(g2, self._per_channel(a.astype(x.dtype, copy=False)), out=gx2)
+        with Workspace(self, "backward") as ws:
+            g = grad_out
+            if y is not None:  # fused ReLU: the gradient passes where the output is positive
+                mask = ws("batchnorm.mask", y.shape, bool)
+                xp.greater(y, 0, out=mask)
+                g = xp.multiply(grad_out, mask, out=ws("batchnorm.g", y.shape, y.dtype))
+            g2, x2 = self._view(g), self._view(x)
+            count = x.size // self.num_features
+            gbeta = self._sum(g2)
+            gxhat_sum = (self._dot(g2, x2) - mean * gbeta) * invstd  # Σ g·x̂ per channel
+            if self.affine:
+                self.accumulate_grad(self.weight, gxhat_sum.astype(x.dtype, copy=False))
+                self.accumulate_grad(self.bias, gbeta.astype(x.dtype, copy=False))
+            gamma = self.weight.data if self.affine else 1.0
+            a = gamma * invstd
+            gx = self.buffer("gx", x.shape, x.dtype)
+            gx2 = self._view(gx)
+            if not batch_stats:
+                xp.multiply(g2, self._per_channel(a.astype(x.dtype, copy=False)), out=gx2)
+                return gx
+            # gx = a·(g − mean(g) − x̂·mean(g·x̂)) = a·g + b·x + c per channel
+            b = -a * gxhat_sum * invstd / count
+            c = -a * gbeta / count - b * mean
+            xp.multiply(x2, self._per_channel(b.astype(x.dtype, copy=False)), out=gx2)
+            gx2 += self._per_channel(c.astype(x.dtype, copy=False))
+            t = ws("batchnorm.t", gx2.shape, x.dtype)
+            xp.multiply(g2, self._per_channel(a.astype(x.dtype, copy=False)), out=t)
+            gx2 += t
             return gx
-        # gx = a·(g − mean(g) − x̂·mean(g·x̂)) = a·g + b·x + c per channel
-        b = -a * gxhat_sum * invstd / count
-        c = -a * gbeta / count - b * mean
-        xp.multiply(x2, self._per_channel(b.astype(x.dtype, copy=False)), out=gx2)
-        gx2 += self._per_channel(c.astype(x.dtype, copy=False))
-        t = scratch(xp, "batchnorm.t", gx2.shape, x.dtype)
-        xp.multiply(g2, self._per_channel(a.astype(x.dtype, copy=False)), out=t)
-        gx2 += t
-        return gx
 
     # ------------------------------------------------------------------ description
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:

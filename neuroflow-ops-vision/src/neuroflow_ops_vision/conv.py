@@ -28,7 +28,7 @@ from neuroflow_ops_vision.layout import (
 )
 from neuroflow_ops_vision.reduce import sum_rows
 from neuroflow_ops_vision.windows import Geometry, check_fits, pair, pair_text
-from neuroflow_ops_vision.workspace import scratch
+from neuroflow_ops_vision.workspace import Workspace
 
 #: Default bound on one convolution's transient im2col memory (columns, padded input, one tap).
 DEFAULT_MAX_WORKSPACE_BYTES = 8 * 2**20
@@ -116,25 +116,25 @@ class Conv2d(ChannelsLastOperator):
     # ------------------------------------------------------------------ computation
     def forward(self, x: Any) -> Any:
         check_feature_map(self, x, self.in_channels, self.layout)
-        xp = self.xp
-        xh = self._to_nhwc(x, self.layout, "x_nhwc", keep=True)
+        xh = self._to_nhwc(x, self.layout, "x_nhwc")
         n, h, w, _ = xh.shape
         out_hw = self.geometry.out_hw((h, w))
         check_fits(self, tuple(x.shape), (h, w), out_hw, self.kernel_size, self.padding, self.dilation)
-        y = self._nhwc_result(self.output_layout, "y", (n, out_hw[0], out_hw[1], self.out_channels), x.dtype)
-        if self._depthwise:
-            conv_depthwise.forward(xp, xh, self._w4(), y, self.geometry)
-        else:
-            chunk = self.chunk_size(xh.shape)
-            keep = None
-            if self.keep_columns and chunk >= n and not self.geometry.pointwise:
-                shape = conv_gemm.column_shape(n, out_hw, self.geometry, self.groups, self.in_channels)
-                keep = self.buffer("col", shape, x.dtype)
-            self._cols = conv_gemm.forward(xp, xh, self._wmat(), y, self.geometry, self.groups, chunk, keep)
-        if self.has_bias:
-            y += self.bias.data
-        self._x = xh
-        return self._from_nhwc(y, self.output_layout, "y")
+        with Workspace(self, "forward") as ws:
+            y = self._nhwc_result(self.output_layout, "y", (n, out_hw[0], out_hw[1], self.out_channels), x.dtype, ws)
+            if self._depthwise:
+                conv_depthwise.forward(ws, xh, self._w4(), y, self.geometry)
+            else:
+                chunk = self.chunk_size(xh.shape)
+                keep = None
+                if self.keep_columns and chunk >= n and not self.geometry.pointwise:
+                    shape = conv_gemm.column_shape(n, out_hw, self.geometry, self.groups, self.in_channels)
+                    keep = self.buffer("col", shape, x.dtype)
+                self._cols = conv_gemm.forward(ws, xh, self._wmat(ws), y, self.geometry, self.groups, chunk, keep)
+            if self.has_bias:
+                y += self.bias.data
+            self._x = xh
+            return self._from_nhwc(y, self.output_layout, "y")
 
     def backward(self, grad_out: Any) -> Any:
         x = self._x
@@ -144,31 +144,33 @@ class Conv2d(ChannelsLastOperator):
         n, h, w, _ = x.shape
         out_nhwc = (n, *self.geometry.out_hw((h, w)), self.out_channels)
         check_grad(self, grad_out, from_nhwc_shape(out_nhwc, self.output_layout))
-        g = self._to_nhwc(grad_out, self.output_layout, "g_nhwc")
-        gx = self._nhwc_result(self.layout, "gx", x.shape, x.dtype) if self.needs_input_grad else None
-        want_w = self.weight.requires_grad
-        if self._depthwise:
-            c, m = self.in_channels, self.out_channels // self.in_channels
-            gw = scratch(xp, "conv.gw", (c, m, *self.kernel_size), x.dtype) if want_w else None
-            conv_depthwise.backward(xp, x, g, self._w4(), gw, gx, self.geometry)
-            gw_param = None if gw is None else gw.reshape(self.weight.shape)
-        else:
-            gw = scratch(xp, "conv.gw", self._wmat_shape(), x.dtype) if want_w else None
-            conv_gemm.backward(xp, x, g, self._wmat(), gw, gx, self.geometry, self.groups, self.chunk_size(x.shape), self._cols)
-            gw_param = None if gw is None else gw.transpose(0, 3, 1, 2)
-        if gw_param is not None:
-            self.accumulate_grad(self.weight, gw_param)
-        if self.has_bias and self.bias.requires_grad:
-            gb = sum_rows(xp, g.reshape(-1, self.out_channels), out=scratch(xp, "conv.gb", (self.out_channels,), x.dtype))
-            self.accumulate_grad(self.bias, gb)
-        return None if gx is None else self._from_nhwc(gx, self.layout, "gx")
+        with Workspace(self, "backward") as ws:
+            g = self._to_nhwc(grad_out, self.output_layout, "g_nhwc", ws)
+            gx = self._nhwc_result(self.layout, "gx", x.shape, x.dtype, ws) if self.needs_input_grad else None
+            want_w = self.weight.requires_grad
+            if self._depthwise:
+                c, m = self.in_channels, self.out_channels // self.in_channels
+                gw = ws("conv.gw", (c, m, *self.kernel_size), x.dtype) if want_w else None
+                conv_depthwise.backward(ws, x, g, self._w4(), gw, gx, self.geometry)
+                gw_param = None if gw is None else gw.reshape(self.weight.shape)
+            else:
+                gw = ws("conv.gw", self._wmat_shape(), x.dtype) if want_w else None
+                conv_gemm.backward(ws, x, g, self._wmat(ws), gw, gx, self.geometry, self.groups, self.chunk_size(x.shape),
+                                   self._cols)
+                gw_param = None if gw is None else gw.transpose(0, 3, 1, 2)
+            if gw_param is not None:
+                self.accumulate_grad(self.weight, gw_param)
+            if self.has_bias and self.bias.requires_grad:
+                gb = sum_rows(xp, g.reshape(-1, self.out_channels), out=ws("conv.gb", (self.out_channels,), x.dtype))
+                self.accumulate_grad(self.bias, gb)
+            return None if gx is None else self._from_nhwc(gx, self.layout, "gx")
 
     def _wmat_shape(self) -> tuple[int, int, int, int]:
         return (self.out_channels, *self.kernel_size, self.in_channels // self.groups)
 
-    def _wmat(self) -> Any:
+    def _wmat(self, ws: Workspace) -> Any:
         """The weight as (O, kh, kw, C/G): the row order of the column matrix."""
-        wmat = scratch(self.xp, "conv.wmat", self._wmat_shape(), self.weight.data.dtype)
+        wmat = ws("conv.wmat", self._wmat_shape(), self.weight.data.dtype)
         self.xp.copyto(wmat, self.weight.data.transpose(0, 2, 3, 1))
         return wmat
 
@@ -323,12 +325,13 @@ class SeparableConv2d(ChannelsLastOperator):
 
     def forward(self, x: Any) -> Any:
         check_feature_map(self, x, self.in_channels, self.layout)
-        y = self.pointwise.forward(self.depthwise.forward(self._to_nhwc(x, self.layout, "x_nhwc", keep=True)))
+        y = self.pointwise.forward(self.depthwise.forward(self._to_nhwc(x, self.layout, "x_nhwc")))
         return self._from_nhwc(y, self.layout, "y")
 
     def backward(self, grad_out: Any) -> Any:
-        gx = self.depthwise.backward(self.pointwise.backward(self._to_nhwc(grad_out, self.layout, "g_nhwc")))
-        return None if gx is None else self._from_nhwc(gx, self.layout, "gx")
+        with Workspace(self, "backward") as ws:
+            gx = self.depthwise.backward(self.pointwise.backward(self._to_nhwc(grad_out, self.layout, "g_nhwc", ws)))
+            return None if gx is None else self._from_nhwc(gx, self.layout, "gx")
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
         shape = tuple(input_shape)

@@ -12,23 +12,24 @@ from typing import Any
 
 from neuroflow_ops_vision.conv_gemm import padded_shape
 from neuroflow_ops_vision.windows import Geometry, pad_into
-from neuroflow_ops_vision.workspace import scratch
+from neuroflow_ops_vision.workspace import Workspace
 
 
-def _padded(xp: Any, x: Any, geo: Geometry) -> Any:
+def _padded(ws: Workspace, x: Any, geo: Geometry) -> Any:
     if geo.padding == (0, 0):
         return x
-    return pad_into(x, geo.padding, scratch(xp, "depthwise.xpad", padded_shape(x.shape, geo), x.dtype))
+    return pad_into(x, geo.padding, ws("depthwise.xpad", padded_shape(x.shape, geo), x.dtype))
 
 
-def forward(xp: Any, x: Any, w4: Any, y: Any, geo: Geometry) -> None:
+def forward(ws: Workspace, x: Any, w4: Any, y: Any, geo: Geometry) -> None:
     """y (N, Ho, Wo, C·m) = depthwise conv of x (N, H, W, C) with w4 (C, m, kh, kw)."""
+    xp = ws.xp
     n, ho, wo, _ = y.shape
     c, m = w4.shape[0], w4.shape[1]
-    xpad = _padded(xp, x, geo)
+    xpad = _padded(ws, x, geo)
     # With one filter per channel everything stays 4-d: a trailing axis of 1 would make numpy's inner loops one long.
     out = y if m == 1 else y.reshape(n, ho, wo, c, m)
-    t = scratch(xp, "depthwise.tap", out.shape, y.dtype)
+    t = ws("depthwise.tap", out.shape, y.dtype)
     for k, (i, j) in enumerate(geo.taps()):
         window = xpad[:, geo.rows(i, ho), geo.cols(j, wo), :]
         weight = w4[:, 0, i, j] if m == 1 else w4[:, :, i, j]
@@ -39,13 +40,14 @@ def forward(xp: Any, x: Any, w4: Any, y: Any, geo: Geometry) -> None:
             out += t
 
 
-def backward(xp: Any, x: Any, grad: Any, w4: Any, gw4: Any | None, gx: Any | None, geo: Geometry) -> None:
+def backward(ws: Workspace, x: Any, grad: Any, w4: Any, gw4: Any | None, gx: Any | None, geo: Geometry) -> None:
     """Write the weight gradient into ``gw4`` (C, m, kh, kw) and the input gradient into ``gx``; None skips either."""
+    xp = ws.xp
     n, ho, wo, _ = grad.shape
     c, m = w4.shape[0], w4.shape[1]
     g = grad if m == 1 else grad.reshape(n, ho, wo, c, m)
     if gw4 is not None:
-        xpad = _padded(xp, x, geo)
+        xpad = _padded(ws, x, geo)
         for i, j in geo.taps():
             window = xpad[:, geo.rows(i, ho), geo.cols(j, wo), :]
             if m == 1:
@@ -55,7 +57,7 @@ def backward(xp: Any, x: Any, grad: Any, w4: Any, gw4: Any | None, gx: Any | Non
     if gx is None:
         return
     gx[...] = 0
-    t = scratch(xp, "depthwise.gtap", x.shape[:1] + (ho, wo, c), grad.dtype)
+    t = ws("depthwise.gtap", x.shape[:1] + (ho, wo, c), grad.dtype)
     for i, j in geo.taps():
         clip = geo.clipped(i, j, (x.shape[1], x.shape[2]), (ho, wo))
         if clip is None:

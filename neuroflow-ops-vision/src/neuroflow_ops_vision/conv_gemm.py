@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from neuroflow_ops_vision.windows import Geometry, im2col, pad_into
-from neuroflow_ops_vision.workspace import scratch
+from neuroflow_ops_vision.workspace import Workspace
 
 
 def column_shape(n: int, out_hw: tuple[int, int], geo: Geometry, groups: int, channels: int) -> tuple[int, ...]:
@@ -27,7 +27,7 @@ def padded_shape(x_shape: tuple[int, ...], geo: Geometry) -> tuple[int, int, int
     return (n, h + 2 * geo.padding[0], w + 2 * geo.padding[1], c)
 
 
-def columns(xp: Any, x: Any, geo: Geometry, out_hw: tuple[int, int], groups: int, into: Any = None) -> Any:
+def columns(ws: Workspace, x: Any, geo: Geometry, out_hw: tuple[int, int], groups: int, into: Any = None) -> Any:
     """The (rows, G, K/G) column matrix of the NHWC chunk ``x``; a view of ``x`` for pointwise sweeps."""
     n, _, _, c = x.shape
     rows = n * out_hw[0] * out_hw[1]
@@ -35,34 +35,36 @@ def columns(xp: Any, x: Any, geo: Geometry, out_hw: tuple[int, int], groups: int
         return x.reshape(rows, groups, c // groups)
     source = x
     if geo.padding != (0, 0):
-        source = pad_into(x, geo.padding, scratch(xp, "conv.xpad", padded_shape(x.shape, geo), x.dtype))
-    col = into if into is not None else scratch(xp, "conv.col", column_shape(n, out_hw, geo, groups, c), x.dtype)
-    im2col(xp, source, geo, out_hw, groups, col)
+        source = pad_into(x, geo.padding, ws("conv.xpad", padded_shape(x.shape, geo), x.dtype))
+    col = into if into is not None else ws("conv.col", column_shape(n, out_hw, geo, groups, c), x.dtype)
+    im2col(ws.xp, source, geo, out_hw, groups, col)
     return col.reshape(rows, groups, -1)
 
 
-def forward(xp: Any, x: Any, wmat: Any, y: Any, geo: Geometry, groups: int, chunk: int, keep: Any = None) -> Any:
+def forward(ws: Workspace, x: Any, wmat: Any, y: Any, geo: Geometry, groups: int, chunk: int, keep: Any = None) -> Any:
     """y = conv(x) for NHWC ``x`` (N, H, W, C) and ``wmat`` (O, kh, kw, C/G); returns the columns if kept.
 
     ``keep`` is an op-owned column buffer for the whole batch (one chunk):
     the columns stay valid for backward. Otherwise they live in a workspace.
     """
+    xp = ws.xp
     n = x.shape[0]
     out_hw = (y.shape[1], y.shape[2])
     o = y.shape[3]
     og = o // groups
     cols = None
     for n0 in range(0, n, chunk):
-        cols = columns(xp, x[n0:n0 + chunk], geo, out_hw, groups, keep)
+        cols = columns(ws, x[n0:n0 + chunk], geo, out_hw, groups, keep)
         ys = y[n0:n0 + chunk].reshape(-1, o)
         for g in range(groups):
             xp.matmul(cols[:, g], wmat[g * og:(g + 1) * og].reshape(og, -1).T, out=ys[:, g * og:(g + 1) * og])
     return cols if keep is not None else None
 
 
-def backward(xp: Any, x: Any, grad: Any, wmat: Any, gw: Any | None, gx: Any | None, geo: Geometry, groups: int,
+def backward(ws: Workspace, x: Any, grad: Any, wmat: Any, gw: Any | None, gx: Any | None, geo: Geometry, groups: int,
              chunk: int, kept: Any = None) -> None:
     """Write the weight gradient into ``gw`` (O, kh, kw, C/G) and the input gradient into ``gx``; None skips either."""
+    xp = ws.xp
     n = x.shape[0]
     out_hw = (grad.shape[1], grad.shape[2])
     o = grad.shape[3]
@@ -70,27 +72,28 @@ def backward(xp: Any, x: Any, grad: Any, wmat: Any, gw: Any | None, gx: Any | No
     for k, n0 in enumerate(range(0, n, chunk)):
         gs = grad[n0:n0 + chunk].reshape(-1, o)
         if gx is not None:
-            input_grad(xp, gs, wmat, gx[n0:n0 + chunk], geo, groups, out_hw)
+            input_grad(ws, gs, wmat, gx[n0:n0 + chunk], geo, groups, out_hw)
         if gw is None:
             continue
-        cols = kept if kept is not None else columns(xp, x[n0:n0 + chunk], geo, out_hw, groups)
+        cols = kept if kept is not None else columns(ws, x[n0:n0 + chunk], geo, out_hw, groups)
         for g in range(groups):
             target = gw[g * og:(g + 1) * og].reshape(og, -1)
             if k == 0:
                 xp.matmul(gs[:, g * og:(g + 1) * og].T, cols[:, g], out=target)
             else:
-                part = scratch(xp, "conv.gw_part", target.shape, target.dtype)
+                part = ws("conv.gw_part", target.shape, target.dtype)
                 xp.matmul(gs[:, g * og:(g + 1) * og].T, cols[:, g], out=part)
                 target += part
 
 
-def input_grad(xp: Any, gs: Any, wmat: Any, gx: Any, geo: Geometry, groups: int, out_hw: tuple[int, int]) -> None:
+def input_grad(ws: Workspace, gs: Any, wmat: Any, gx: Any, geo: Geometry, groups: int, out_hw: tuple[int, int]) -> None:
     """gx (n, H, W, C) = the transposed convolution of ``gs`` (rows, O), one GEMM and one strided add per tap.
 
     A tap that maps the output grid onto the whole input (the centre tap of a
     stride-1 "same" convolution, the only tap of a pointwise one) writes its
     GEMM straight into ``gx``; the others add into it.
     """
+    xp = ws.xp
     n, h, w, c = gx.shape
     o = gs.shape[1]
     og, cg = o // groups, c // groups
@@ -103,7 +106,7 @@ def input_grad(xp: Any, gs: Any, wmat: Any, gx: Any, geo: Geometry, groups: int,
         _tap_product(xp, gs, wmat, first, groups, og, cg, g2)
     if geo.pointwise:
         return
-    t = scratch(xp, "conv.tap", (gs.shape[0], c), gx.dtype)
+    t = ws("conv.tap", (gs.shape[0], c), gx.dtype)
     t4 = t.reshape(n, out_hw[0], out_hw[1], c)
     for i, j in geo.taps():
         clip = geo.clipped(i, j, (h, w), out_hw)

@@ -12,7 +12,7 @@ from typing import Any
 
 from neuroflow.errors import ShapeError
 from neuroflow.operator import MemoryDeclaration, Operator
-from neuroflow_ops_vision.workspace import scratch
+from neuroflow_ops_vision.workspace import Workspace
 
 LAYOUTS = ("NCHW", "NHWC")
 
@@ -163,25 +163,25 @@ class ChannelsLastOperator(Operator):
     layout: str = "NHWC"
     output_layout: str = "NHWC"
 
-    def _to_nhwc(self, a: Any, layout: str, key: str, keep: bool = False) -> Any:
+    def _to_nhwc(self, a: Any, layout: str, key: str, ws: Workspace | None = None) -> Any:
         """``a`` in NHWC: itself, a free reshape with one channel, or a permuted copy.
 
-        ``keep`` puts the copy in an op buffer (it is cached for backward);
-        otherwise it is a transient workspace.
+        The copy goes to the workspace ``ws`` when given (it is transient),
+        otherwise to an op buffer (it is cached for backward).
         """
         if layout == "NHWC":
             return a
         shape = nhwc_shape(tuple(a.shape), "NCHW")
         if a.shape[1] == 1:
             return a.reshape(shape)
-        out = self.buffer(key, shape, a.dtype) if keep else scratch(self.xp, f"layout.{key}", shape, a.dtype)
+        out = self.buffer(key, shape, a.dtype) if ws is None else ws(f"layout.{key}", shape, a.dtype)
         return permute_into(self.xp, a, TO_NHWC, out)
 
-    def _nhwc_result(self, layout: str, key: str, shape: tuple[int, ...], dtype: Any) -> Any:
+    def _nhwc_result(self, layout: str, key: str, shape: tuple[int, ...], dtype: Any, ws: Workspace) -> Any:
         """Where an NHWC result goes: the op's own buffer, or a workspace when it is permuted afterwards."""
         if layout == "NHWC" or shape[3] == 1:  # one channel: _from_nhwc returns it reshaped
             return self.buffer(key, shape, dtype)
-        return scratch(self.xp, f"layout.{key}", shape, dtype)
+        return ws(f"layout.{key}", shape, dtype)
 
     def _from_nhwc(self, a: Any, layout: str, key: str) -> Any:
         """An NHWC result in ``layout`` (an op buffer named ``key`` when permuted)."""

@@ -16,7 +16,7 @@ import numpy as np
 from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow_ops_vision.layout import check_declared_shape, check_feature_map, check_grad, check_layout
 from neuroflow_ops_vision.windows import Geometry, check_fits, pad_into, pair, pair_text, spatial_index, spatial_shape
-from neuroflow_ops_vision.workspace import scratch
+from neuroflow_ops_vision.workspace import Workspace
 
 
 def _with_spatial(shape: tuple[int, ...], hw: tuple[int, int], layout: str) -> tuple[int, ...]:
@@ -49,7 +49,7 @@ class _WindowPool(Operator):
         check_fits(self, shape, hw, out_hw, self.kernel_size, self.padding, self.dilation)
         return _with_spatial(shape, out_hw, self.layout)
 
-    def _source(self, x: Any, out_hw: tuple[int, int], fill: float) -> Any:
+    def _source(self, x: Any, out_hw: tuple[int, int], fill: float, ws: Workspace) -> Any:
         """``x``, or a padded copy in a workspace when windows read outside it."""
         h, w = spatial_shape(x.shape, self.layout)
         ph, pw = self.padding
@@ -57,7 +57,7 @@ class _WindowPool(Operator):
         rows, cols = max(h + 2 * ph, need[0]), max(w + 2 * pw, need[1])
         if (rows, cols) == (h, w):
             return x
-        buf = scratch(self.xp, "pool.xpad", _with_spatial(x.shape, (rows, cols), self.layout), x.dtype)
+        buf = ws("pool.xpad", _with_spatial(x.shape, (rows, cols), self.layout), x.dtype)
         return pad_into(x, (ph, pw), buf, fill, self.layout)
 
     def _tap(self, a: Any, i: int, j: int, out_hw: tuple[int, int]) -> Any:
@@ -69,15 +69,14 @@ class _WindowPool(Operator):
         return (g.padding == (0, 0) and g.dilation == (1, 1) and g.stride == g.kernel
                 and out_hw[0] * g.kernel[0] == hw[0] and out_hw[1] * g.kernel[1] == hw[1])
 
-    def _scatter(self, tap_grad: Any, shape: tuple[int, ...], out_hw: tuple[int, int], dtype: Any) -> Any:
+    def _scatter(self, tap_grad: Any, shape: tuple[int, ...], out_hw: tuple[int, int], dtype: Any, ws: Workspace) -> Any:
         """gx of ``shape`` from per-tap gradients: ``tap_grad(t, out)`` writes tap t's gradient into ``out``."""
-        xp = self.xp
         hw = spatial_shape(shape, self.layout)
         gx = self.buffer("gx", shape, dtype)
         exact = self._tiles_exactly(hw, out_hw)
         if not exact:
             gx[...] = 0
-        part = scratch(xp, "pool.part", _with_spatial(shape, out_hw, self.layout), dtype)
+        part = ws("pool.part", _with_spatial(shape, out_hw, self.layout), dtype)
         for t, (i, j) in enumerate(self.geometry.taps()):
             if exact:
                 tap_grad(t, self._tap(gx, i, j, out_hw))
@@ -141,26 +140,27 @@ class MaxPool2d(_WindowPool):
         xp = self.xp
         out_shape = self._out_shape(tuple(x.shape))
         out_hw = spatial_shape(out_shape, self.layout)
-        src = self._source(x, out_hw, -np.inf)
-        y = self.buffer("y", out_shape, x.dtype)
-        argmax = self.buffer("argmax", out_shape, self._index_dtype)
-        better = scratch(xp, "pool.better", out_shape, bool)
-        label = scratch(xp, "pool.label", out_shape, self._index_dtype)
-        for t, (i, j) in enumerate(self.geometry.taps()):
-            window = self._tap(src, i, j, out_hw)
-            if t == 0:
-                xp.copyto(y, window)
-                argmax[...] = 0
-                continue
-            # argmax = max(argmax, t·[window > y]): a strictly larger value moves the index to the later tap t
-            xp.greater(window, y, out=better)
-            xp.maximum(y, window, out=y)
-            xp.multiply(better, self._index_dtype(t), out=label)
-            xp.maximum(argmax, label, out=argmax)
-        if self.activation == "relu":
-            xp.maximum(y, 0, out=y)
-        self._in_shape, self._argmax, self._out = tuple(x.shape), argmax, y
-        return y
+        with Workspace(self, "forward") as ws:
+            src = self._source(x, out_hw, -np.inf, ws)
+            y = self.buffer("y", out_shape, x.dtype)
+            argmax = self.buffer("argmax", out_shape, self._index_dtype)
+            better = ws("pool.better", out_shape, bool)
+            label = ws("pool.label", out_shape, self._index_dtype)
+            for t, (i, j) in enumerate(self.geometry.taps()):
+                window = self._tap(src, i, j, out_hw)
+                if t == 0:
+                    xp.copyto(y, window)
+                    argmax[...] = 0
+                    continue
+                # argmax = max(argmax, t·[window > y]): a strictly larger value moves the index to the later tap t
+                xp.greater(window, y, out=better)
+                xp.maximum(y, window, out=y)
+                xp.multiply(better, self._index_dtype(t), out=label)
+                xp.maximum(argmax, label, out=argmax)
+            if self.activation == "relu":
+                xp.maximum(y, 0, out=y)
+            self._in_shape, self._argmax, self._out = tuple(x.shape), argmax, y
+            return y
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "dilation": list(self.dilation), "activation": self.activation}
@@ -174,17 +174,19 @@ class MaxPool2d(_WindowPool):
             raise RuntimeError(f"{self!r}.backward called before forward")
         check_grad(self, grad_out, self._argmax.shape)
         xp = self.xp
-        hit = scratch(xp, "pool.hit", grad_out.shape, bool)
-        argmax = self._argmax
-        if self.activation == "relu":  # the gradient passes where the output is positive
-            xp.greater(self._out, 0, out=hit)
-            grad_out = xp.multiply(grad_out, hit, out=scratch(xp, "pool.masked", grad_out.shape, grad_out.dtype))
+        with Workspace(self, "backward") as ws:
+            hit = ws("pool.hit", grad_out.shape, bool)
+            argmax = self._argmax
+            if self.activation == "relu":  # the gradient passes where the output is positive
+                xp.greater(self._out, 0, out=hit)
+                grad_out = xp.multiply(grad_out, hit, out=ws("pool.masked", grad_out.shape, grad_out.dtype))
 
-        def tap_grad(t: int, out: Any) -> None:
-            xp.equal(argmax, t, out=hit)
-            xp.multiply(grad_out, hit, out=out)
+            def tap_grad(t: int, out: Any) -> None:
+                xp.equal(argmax, t, out=hit)
+                xp.multiply(grad_out, hit, out=out)
 
-        return self._scatter(tap_grad, self._in_shape, spatial_shape(argmax.shape, self.layout), grad_out.dtype)
+            return self._scatter(tap_grad, self._in_shape, spatial_shape(argmax.shape, self.layout), grad_out.dtype,
+                                 ws)
 
 
 class AvgPool2d(_WindowPool):
@@ -217,32 +219,35 @@ class AvgPool2d(_WindowPool):
         xp = self.xp
         out_shape = self._out_shape(tuple(x.shape))
         hw, out_hw = spatial_shape(x.shape, self.layout), spatial_shape(out_shape, self.layout)
-        src = self._source(x, out_hw, 0.0)
-        y = self.buffer("y", out_shape, x.dtype)
-        for t, (i, j) in enumerate(self.geometry.taps()):
-            window = self._tap(src, i, j, out_hw)
-            if t == 0:
-                xp.copyto(y, window)
-            else:
-                y += window
-        scale = self._divisors(hw, out_hw)
-        y *= scale if isinstance(scale, float) else scale.astype(x.dtype)
-        self._in_shape, self._out_seen, self._scale = tuple(x.shape), out_shape, scale
-        return y
+        with Workspace(self, "forward") as ws:
+            src = self._source(x, out_hw, 0.0, ws)
+            y = self.buffer("y", out_shape, x.dtype)
+            for t, (i, j) in enumerate(self.geometry.taps()):
+                window = self._tap(src, i, j, out_hw)
+                if t == 0:
+                    xp.copyto(y, window)
+                else:
+                    y += window
+            scale = self._divisors(hw, out_hw)
+            y *= scale if isinstance(scale, float) else scale.astype(x.dtype)
+            self._in_shape, self._out_seen, self._scale = tuple(x.shape), out_shape, scale
+            return y
 
     def backward(self, grad_out: Any) -> Any:
         if self._scale is None:
             raise RuntimeError(f"{self!r}.backward called before forward")
         check_grad(self, grad_out, self._out_seen)
         xp = self.xp
-        scaled = scratch(xp, "pool.scaled", grad_out.shape, grad_out.dtype)
-        xp.multiply(grad_out, self._scale if isinstance(self._scale, float) else self._scale.astype(grad_out.dtype),
-                    out=scaled)
+        with Workspace(self, "backward") as ws:
+            scaled = ws("pool.scaled", grad_out.shape, grad_out.dtype)
+            xp.multiply(grad_out, self._scale if isinstance(self._scale, float) else self._scale.astype(grad_out.dtype),
+                        out=scaled)
 
-        def tap_grad(t: int, out: Any) -> None:
-            xp.copyto(out, scaled)
+            def tap_grad(t: int, out: Any) -> None:
+                xp.copyto(out, scaled)
 
-        return self._scatter(tap_grad, self._in_shape, spatial_shape(grad_out.shape, self.layout), grad_out.dtype)
+            return self._scatter(tap_grad, self._in_shape, spatial_shape(grad_out.shape, self.layout), grad_out.dtype,
+                                 ws)
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()

@@ -17,7 +17,7 @@ from neuroflow.errors import ShapeError
 from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow_ops_vision.layout import check_declared_shape, check_feature_map, check_grad, check_layout
 from neuroflow_ops_vision.windows import spatial_shape
-from neuroflow_ops_vision.workspace import scratch
+from neuroflow_ops_vision.workspace import Workspace
 
 MODES = ("nearest", "bilinear")
 
@@ -118,16 +118,17 @@ class Upsample(Operator):
             return y
         ah, aw = self._interp(hw, out_hw, x.dtype)
         n = x.shape[0]
-        if self.layout == "NHWC":
-            c = x.shape[3]
-            t = scratch(xp, "upsample.t", (n, out_hw[0], hw[1] * c), x.dtype)
-            xp.matmul(ah, x.reshape(n, hw[0], -1), out=t)
-            xp.matmul(aw, t.reshape(n * out_hw[0], hw[1], c), out=y.reshape(n * out_hw[0], out_hw[1], c))
-        else:
-            nc = n * x.shape[1]
-            t = scratch(xp, "upsample.t", (nc, out_hw[0], hw[1]), x.dtype)
-            xp.matmul(ah, x.reshape(nc, hw[0], hw[1]), out=t)
-            xp.matmul(t, aw.T, out=y.reshape(nc, out_hw[0], out_hw[1]))
+        with Workspace(self, "forward") as ws:
+            if self.layout == "NHWC":
+                c = x.shape[3]
+                t = ws("upsample.t", (n, out_hw[0], hw[1] * c), x.dtype)
+                xp.matmul(ah, x.reshape(n, hw[0], -1), out=t)
+                xp.matmul(aw, t.reshape(n * out_hw[0], hw[1], c), out=y.reshape(n * out_hw[0], out_hw[1], c))
+            else:
+                nc = n * x.shape[1]
+                t = ws("upsample.t", (nc, out_hw[0], hw[1]), x.dtype)
+                xp.matmul(ah, x.reshape(nc, hw[0], hw[1]), out=t)
+                xp.matmul(t, aw.T, out=y.reshape(nc, out_hw[0], out_hw[1]))
         return y
 
     def backward(self, grad_out: Any) -> Any:
@@ -145,16 +146,17 @@ class Upsample(Operator):
             return gx
         ah, aw = self._interp(hw, out_hw, grad_out.dtype)
         n = shape[0]
-        if self.layout == "NHWC":
-            c = shape[3]
-            t = scratch(xp, "upsample.gt", (n * out_hw[0], hw[1], c), grad_out.dtype)
-            xp.matmul(aw.T, grad_out.reshape(n * out_hw[0], out_hw[1], c), out=t)
-            xp.matmul(ah.T, t.reshape(n, out_hw[0], hw[1] * c), out=gx.reshape(n, hw[0], -1))
-        else:
-            nc = n * shape[1]
-            t = scratch(xp, "upsample.gt", (nc, out_hw[0], hw[1]), grad_out.dtype)
-            xp.matmul(grad_out.reshape(nc, out_hw[0], out_hw[1]), aw, out=t)
-            xp.matmul(ah.T, t, out=gx.reshape(nc, hw[0], hw[1]))
+        with Workspace(self, "backward") as ws:
+            if self.layout == "NHWC":
+                c = shape[3]
+                t = ws("upsample.gt", (n * out_hw[0], hw[1], c), grad_out.dtype)
+                xp.matmul(aw.T, grad_out.reshape(n * out_hw[0], out_hw[1], c), out=t)
+                xp.matmul(ah.T, t.reshape(n, out_hw[0], hw[1] * c), out=gx.reshape(n, hw[0], -1))
+            else:
+                nc = n * shape[1]
+                t = ws("upsample.gt", (nc, out_hw[0], hw[1]), grad_out.dtype)
+                xp.matmul(grad_out.reshape(nc, out_hw[0], out_hw[1]), aw, out=t)
+                xp.matmul(ah.T, t, out=gx.reshape(nc, hw[0], hw[1]))
         return gx
 
     def _blocks(self, a: Any, hw: tuple[int, int], factor: tuple[int, int]) -> Any:

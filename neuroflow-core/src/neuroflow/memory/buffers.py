@@ -19,6 +19,10 @@ class BufferPool:
     memory. A request with a smaller leading dimension than the held buffer
     (the last, short batch of an epoch) gets a leading slice of it; a larger
     or unforeseen request is allocated once through the allocator and kept.
+
+    Workspaces (transient buffers of one call, see ``TracingPool.workspace``)
+    are planned like any buffer; without a plan, every op shares one array
+    per key, grown to the largest request.
     """
 
     tracing = False
@@ -31,7 +35,7 @@ class BufferPool:
         self.plan = plan
         self.strict = strict
         self._held: dict[tuple[int, str], Any] = {}
-        self._extra: list[Any] = []
+        self._shared: dict[tuple[str, str], Any] = {}
         if plan is not None:
             view = allocator.view  # type: ignore[attr-defined]
             for slot in plan.slots:
@@ -47,17 +51,38 @@ class BufferPool:
                 return held[: shape[0]]
         if held is not None and held.base is not None and self.plan is None:
             self.allocator.free(held)
+        array = self._allocate(shape, dtype)
+        self._held[slot] = array
+        return array
+
+    def _allocate(self, shape: tuple[int, ...], dtype: Any) -> Any:
         try:
-            array = self.allocator.allocate(shape, dtype)
+            return self.allocator.allocate(shape, dtype)
         except OutOfMemoryError:
             if self.strict:  # a budget or pool size was set: never grow past it
                 raise
             array = self.allocator.xp.empty(shape, dtype)
             self.allocator._count(int(array.nbytes))
-        self._held[slot] = array
+            return array
+
+    def workspace(self, owner: object, key: str, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A transient buffer for ``owner``'s current call; valid until that call's ``retire``."""
+        if self.plan is not None:
+            return self.get(owner, key, shape, dtype)
+        slot = (key, str(dtype))
+        held = self._shared.get(slot)
+        if held is not None and held.ndim == len(shape) and held.shape[1:] == shape[1:] and held.shape[0] >= shape[0]:
+            return held[: shape[0]]
+        if held is not None:
+            self.allocator.free(held)
+        array = self._allocate(shape, dtype)
+        self._shared[slot] = array
         return array
 
     # Lifetime events matter only while tracing; a planned pool ignores them.
+    def retire(self, array: Any) -> None:
+        pass
+
     def handoff(self, consumed: Any, produced: Any, owner: Any) -> None:
         pass
 
@@ -69,7 +94,8 @@ class BufferPool:
 
     def clear(self) -> None:
         self._held.clear()
+        self._shared.clear()
 
     @property
     def nbytes(self) -> int:
-        return sum(int(a.nbytes) for a in self._held.values())
+        return sum(int(a.nbytes) for a in (*self._held.values(), *self._shared.values()))

@@ -12,11 +12,20 @@ derived from two events that composites report while tracing:
 
 A buffer handed out of a backward and never released lives to the end of
 the step, so an operator that reports nothing is planned safely, only less
-tightly.
+tightly. A *workspace* (``workspace(owner, key, ...)``) is transient: it
+lives from its request until the op calls ``retire(array)`` at the end of
+the call that used it.
+
+The traced step runs on real memory, so the pool reuses it as the plan
+will: a workspace's memory goes back at its retirement, and an operator's
+own buffers (forward caches, backward scratch; not gradients it handed
+out, which a composite may read again) when the operator is done. The
+first step then needs about the planned arena, not the sum of all buffers.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +46,8 @@ class Slot:
     end: int = -1
     escaped: bool = False
     released_at: int = -1
+    transient: bool = False
+    retired_at: int = -1
     index: int = 0
     offset: int = 0
     address: int = field(default=0, repr=False)
@@ -57,6 +68,10 @@ class TracingPool:
         self.phase = "forward"
         self.reused_key: tuple[str, str] | None = None
         self._arrays: list[Any] = []
+        self._by_array: dict[int, Slot] = {}
+        self._blocks: dict[int, Any] = {}  # slot index -> the 1-D block under it, while it holds one
+        self._free: list[Any] = []  # blocks of dead buffers, for later requests
+        self._owned: dict[int, list[Slot]] = {}  # id(module) -> its slots, until the module is done
 
     def _tick(self) -> int:
         self.time += 1
@@ -69,15 +84,56 @@ class TracingPool:
             # An op asking again for one key (scratch shared by its forward and backward) gets the same buffer,
             # as from a planned pool; a different shape means a layer used twice, which cannot be planned by key.
             if known.shape == tuple(shape) and known.dtype == np.dtype(dtype):
-                return self._arrays[known.index]
+                if known.index in self._blocks:
+                    return self._arrays[known.index]
+                if known.transient:  # a workspace asked for again after its retirement: it lives on
+                    known.retired_at = -1
+                    return self._hold(known, shape, dtype)
             self.reused_key = (repr(owner), key)
-        array = self.xp.empty(shape, dtype)
-        slot = Slot(owner, key, tuple(shape), np.dtype(dtype), int(array.nbytes), self._tick(), self.phase,
-                    index=len(self.slots), address=_address(array))
+        slot = Slot(owner, key, tuple(shape), np.dtype(dtype), math.prod(shape) * np.dtype(dtype).itemsize,
+                    self._tick(), self.phase, index=len(self.slots))
         self.slots.append(slot)
+        self._arrays.append(None)
         self._by_owner_key[slot_key] = slot
-        self._arrays.append(array)
+        self._owned.setdefault(id(owner), []).append(slot)
+        return self._hold(slot, shape, dtype)
+
+    def workspace(self, owner: object, key: str, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A transient buffer of ``owner``: it lives until ``retire(array)``."""
+        array = self.get(owner, key, shape, dtype)
+        self._by_array[id(array)].transient = True
         return array
+
+    def retire(self, array: Any) -> None:
+        """``array``, a workspace, is dead: its memory may serve the next request."""
+        slot = self._by_array.get(id(array))
+        if slot is not None and slot.transient:
+            slot.retired_at = self._tick()
+            self._recycle(slot)
+
+    def _hold(self, slot: Slot, shape: tuple[int, ...], dtype: Any) -> Any:
+        """Give ``slot`` memory: the smallest free block that fits, else a new one."""
+        size = math.prod(shape)
+        dtype = np.dtype(dtype)
+        fits = [i for i, b in enumerate(self._free) if b.dtype == dtype and b.shape[0] >= size]
+        if fits:
+            block = self._free.pop(min(fits, key=lambda i: self._free[i].shape[0]))
+        else:
+            block = self.xp.empty(max(size, 1), dtype)
+        array = block[:size].reshape(shape)
+        slot.address = _address(array)
+        old = self._arrays[slot.index]
+        if old is not None:
+            self._by_array.pop(id(old), None)
+        self._arrays[slot.index] = array
+        self._by_array[id(array)] = slot
+        self._blocks[slot.index] = block
+        return array
+
+    def _recycle(self, slot: Slot) -> None:
+        block = self._blocks.pop(slot.index, None)
+        if block is not None:
+            self._free.append(block)
 
     def _slot_of(self, array: Any) -> Slot | None:
         if array is None:
@@ -90,13 +146,22 @@ class TracingPool:
 
     def handoff(self, consumed: Any, produced: Any, owner: Any) -> None:
         now = self._tick()
+        finished = []
         for module in owner.modules() if hasattr(owner, "modules") else [owner]:
-            self._done.setdefault(id(module), now)
+            if id(module) not in self._done:
+                self._done[id(module)] = now
+                finished.append(id(module))
         source, result = self._slot_of(consumed), self._slot_of(produced)
         if result is not None and result is not source:
             result.escaped = True
         if source is not None and source is not result:
             source.released_at = max(source.released_at, now)
+        # A finished operator reads its own buffers no more. Gradients it handed out stay: a composite may
+        # read one again after the next layer consumed it (a residual's shortcut), so they live to the end.
+        for module_id in finished:
+            for slot in self._owned.pop(module_id, []):
+                if not slot.escaped and not slot.transient:
+                    self._recycle(slot)
 
     def release(self, array: Any) -> None:
         slot = self._slot_of(array)
@@ -112,7 +177,9 @@ class TracingPool:
         end_of_step = self._tick()
         for slot in self.slots:
             done = self._done.get(id(slot.owner), end_of_step)
-            if slot.escaped:
+            if slot.transient and slot.retired_at >= 0:
+                slot.end = slot.retired_at
+            elif slot.escaped:
                 slot.end = slot.released_at if slot.released_at >= 0 else end_of_step
             else:
                 slot.end = max(done, slot.released_at)
@@ -125,7 +192,7 @@ class TracingPool:
         Ops keep caches until their next forward; left alone, the traced
         step's arrays would live on beside the arena during the next step.
         """
-        traced = {id(a) for a in self._arrays}
+        traced = {id(a) for a in self._arrays} | {id(b) for b in self._blocks.values()} | {id(b) for b in self._free}
 
         def holds_traced(value: Any, depth: int = 0) -> bool:
             if isinstance(value, (tuple, list)):
@@ -145,6 +212,9 @@ class TracingPool:
                 if not name.startswith("__") and holds_traced(value):
                     object.__setattr__(module, name, None)
         self._arrays.clear()
+        self._by_array.clear()
+        self._blocks.clear()
+        self._free.clear()
 
 
 def _address(array: Any) -> int:

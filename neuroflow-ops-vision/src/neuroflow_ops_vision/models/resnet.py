@@ -22,7 +22,7 @@ from neuroflow_ops_vision.batchnorm import BatchNorm2d
 from neuroflow_ops_vision.conv import Conv2d
 from neuroflow_ops_vision.layout import check_grad, check_layout
 from neuroflow_ops_vision.pooling import GlobalAvgPool2d, MaxPool2d
-from neuroflow_ops_vision.workspace import scratch
+from neuroflow_ops_vision.workspace import Workspace
 
 
 class BasicBlock(Operator):
@@ -64,13 +64,25 @@ class BasicBlock(Operator):
             raise RuntimeError(f"{self!r}.backward called before forward")
         check_grad(self, grad_out, out.shape)
         xp = self.xp
-        mask = scratch(xp, "block.mask", out.shape, bool)
-        xp.greater(out, 0, out=mask)
-        g = xp.multiply(grad_out, mask, out=scratch(xp, "block.g", out.shape, out.dtype))
-        gx = self.conv1.backward(self.bn1.backward(self.conv2.backward(self.bn2.backward(g))))
-        # conv1's gradient buffer is ours to add into: conv1 does not read it again.
-        gx += self.downsample.backward(g) if self.has_downsample else g
-        return gx
+        with Workspace(self, "backward") as ws:
+            mask = ws("block.mask", out.shape, bool)
+            xp.greater(out, 0, out=mask)
+            g = xp.multiply(grad_out, mask, out=ws("block.g", out.shape, out.dtype))
+            gx = self._chain_backward(g)
+            # conv1's gradient buffer is ours to add into: conv1 does not read it again.
+            gx += self.downsample.backward(g) if self.has_downsample else g
+            return gx
+
+    def _chain_backward(self, g: Any) -> Any:
+        """conv1 ← bn1 ← conv2 ← bn2 backward; while tracing, each layer's end is reported as Sequential does."""
+        pool = self._pool
+        tracing = pool is not None and pool.tracing
+        for layer in (self.bn2, self.conv2, self.bn1, self.conv1):
+            produced = layer.backward(g)
+            if tracing:
+                pool.handoff(g, produced, layer)
+            g = produced
+        return g
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
         shape = self.conv1.output_shape(tuple(input_shape))

@@ -1,0 +1,77 @@
+"""Vision models under the memory planner: workspaces are planned, the prediction holds, steady steps allocate nothing."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import neuroflow as nf
+from neuroflow_ops_vision import resnet18
+
+NUMPY_DATA = tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)
+
+
+def small_resnet() -> nf.Operator:
+    nf.manual_seed(0)
+    return resnet18(num_classes=10)
+
+
+CASES = [(small_resnet, (3, 16, 16))]
+
+
+def batch(sample: tuple[int, ...], n: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((n, *sample)).astype(np.float32), rng.integers(0, 10, n)
+
+
+@pytest.mark.parametrize(("make", "sample"), CASES)
+def test_predicted_peak_matches_the_measured_steady_state_peak(make, sample) -> None:
+    x, y = batch(sample)
+    predicted = nf.memory.profile(make(), x.shape, optimizer=nf.optim.SGD(lr=0.01, momentum=0.9)).predicted_peak_bytes
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        trainer = nf.Trainer(make(), optimizer=nf.optim.SGD(lr=0.01, momentum=0.9), batch_size=len(x), progress=False)
+        trainer.train_step(x, y)
+        first_peak = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.reset_peak()
+        before = tracemalloc.take_snapshot().filter_traces([NUMPY_DATA])
+        for _ in range(2):
+            trainer.train_step(x, y)
+        peak = tracemalloc.get_traced_memory()[1] - base
+        after = tracemalloc.take_snapshot().filter_traces([NUMPY_DATA])
+    finally:
+        tracemalloc.stop()
+    # The model is built under tracemalloc: its parameters count once (packing them freed the originals).
+    assert abs(predicted - peak) / peak <= 0.05, (predicted, peak)
+    # The traced first step reuses memory as the plan will: well under the unshared sum of all buffers.
+    assert first_peak < 1.5 * predicted, (first_peak, predicted)
+    grown = [d for d in after.compare_to(before, "lineno") if d.count_diff > 0 and d.size_diff > 256]
+    assert grown == []
+
+
+@pytest.mark.parametrize(("make", "sample"), CASES)
+def test_planned_training_matches_unplanned_training_bit_for_bit(make, sample) -> None:
+    """The traced first step recycles dead buffers: any buffer reused too early would change the weights."""
+    x, y = batch(sample, 16)
+    runs = []
+    for allocator in ("arena", "direct"):
+        trainer = nf.Trainer(make(), optimizer=nf.optim.SGD(lr=0.05, momentum=0.9), batch_size=8, seed=1,
+                             allocator=allocator, progress=False)
+        trainer.fit((x, y), epochs=2)
+        runs.append([p.data.copy() for p in trainer.model.parameters()])
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_workspaces_are_planned_in_the_arena() -> None:
+    from neuroflow.memory.profile import trace_step
+
+    slots = trace_step(small_resnet(), nf.losses.CrossEntropy(), (4, 3, 16, 16))
+    end_of_step = max(s.end for s in slots)
+    weights = [s for s in slots if s.key.endswith("conv.wmat")]
+    assert {s.key for s in weights} == {"forward.conv.wmat", "backward.conv.wmat"}
+    # transient: each lives for one call, not to the end of the step, so all convolutions share the memory
+    assert all(s.end < end_of_step and s.end - s.start < 30 for s in weights)
