@@ -20,21 +20,25 @@ so the ``torch.save+fsync`` column adds the fsync for a like-for-like durability
 What each load includes:
 
 * ``nf.load``: the header, metadata and topology checks, the model rebuilt through the op registry,
-  every tensor's CRC-32 verified; files of 4 MiB or more are mapped (copy-on-write), and a float
-  model's parameters view the file's bytes. ``nf.load read`` is the same with ``mmap=False``: the
-  file is read into private memory, as ``torch.load`` does by default.
+  every tensor's CRC-32 verified; the file is mapped (copy-on-write), and a float model's
+  parameters view its bytes. ``nf.load read`` is the same with ``mmap=False``: the file is read
+  into private memory, as ``torch.load`` does by default.
 * ``torch.load``: ``torch.load(weights_only=True)`` of a ``torch.save``d state_dict: a dict of
   tensors, no model, no checksums. ``torch.load mmap`` passes ``mmap=True``.
 * ``torch load+copy``: ``torch.load`` plus ``load_state_dict`` into a torch module built beforehand
   (not timed) with the same parameter and buffer names and shapes, for the cost of getting a model
   with the weights in place; building a torch model with its random initialisation would add more.
+
+Every load starts with the process's free memory returned to the OS (see ``_timed_load``).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -56,6 +60,24 @@ def _timed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+try:
+    _LIBC: Any = ctypes.CDLL("libc.so.6") if sys.platform.startswith("linux") else None
+except OSError:
+    _LIBC = None
+
+
+def _timed_load(fn: Callable[[], Any]) -> float:
+    """Time one load that starts with the process's free memory handed back to the OS (glibc ``malloc_trim``).
+
+    Otherwise a load reuses the pages the previous round's loads freed, and how many it finds depends
+    on what else the round ran: torch.load of ResNet-18 measured 17 to 63 ms here by that alone. A
+    process loading its model once pays for fresh pages, and so does each load timed here.
+    """
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+    return _timed(fn)
 
 
 def _torch_state(model: nf.Operator) -> dict[str, Any]:
@@ -131,16 +153,16 @@ def measure_files(name: str, model: nf.Operator, folder: Path, rounds: int) -> d
         block()  # create the files and warm up before timing the loads
     mirror = _torch_module(model)
     blocks.update({
-        "nf.load": lambda: _timed(lambda: nf.load(fp32)),
-        "nf.load read": lambda: _timed(lambda: nf.load(fp32, mmap=False)),
-        "nf.load int8": lambda: _timed(lambda: nf.load(int8)),
-        "torch.load": lambda: _timed(lambda: torch.load(pt, weights_only=True)),
-        "torch.load mmap": lambda: _timed(lambda: torch.load(pt, weights_only=True, mmap=True)),
-        "torch load+copy": lambda: _timed(lambda: mirror.load_state_dict(torch.load(pt, weights_only=True))),
+        "nf.load": lambda: _timed_load(lambda: nf.load(fp32)),
+        "nf.load read": lambda: _timed_load(lambda: nf.load(fp32, mmap=False)),
+        "nf.load int8": lambda: _timed_load(lambda: nf.load(int8)),
+        "torch.load": lambda: _timed_load(lambda: torch.load(pt, weights_only=True)),
+        "torch.load mmap": lambda: _timed_load(lambda: torch.load(pt, weights_only=True, mmap=True)),
+        "torch load+copy": lambda: _timed_load(lambda: mirror.load_state_dict(torch.load(pt, weights_only=True))),
     })
     for block in list(blocks.values())[-6:]:
         block()
-    samples = harness.interleave(blocks, rounds)
+    samples = _shuffled_rounds(blocks, rounds)
     pairs = {
         "nf.load / torch.load": ("nf.load", "torch.load"),
         "nf.load read / torch.load": ("nf.load read", "torch.load"),
@@ -160,6 +182,22 @@ def measure_files(name: str, model: nf.Operator, folder: Path, rounds: int) -> d
         "load_peak_bytes": {"fp32": _load_peak(fp32), "int8": _load_peak(int8)},
         "samples": samples,
     }
+
+
+def _shuffled_rounds(blocks: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """One sample per round from each block, in a new random order every round.
+
+    A block's time depends on the block before it (a load right after an fsynced save ran about
+    15 % slower than the same load after another load), which a fixed order would turn into bias.
+    """
+    order = random.Random(0)
+    samples: dict[str, list[float]] = {name: [] for name in blocks}
+    for _ in range(rounds):
+        names = list(blocks)
+        order.shuffle(names)
+        for name in names:
+            samples[name].append(blocks[name]())
+    return samples
 
 
 def _ratio_quartiles(numerator: list[float], denominator: list[float]) -> dict[str, float]:

@@ -103,13 +103,18 @@ def test_a_float_model_views_one_buffer_that_it_may_change_without_touching_the_
     assert np.isfinite(trainer.train_step(np.ones((4, 300), np.float32), np.zeros((4, 10), np.float32)))
 
 
-def test_large_files_are_mapped_and_small_ones_read(tmp_path, monkeypatch):
+def test_files_are_mapped_unless_told_or_unable(tmp_path, monkeypatch):
     from neuroflow.checkpoint.reading import open_file
 
     _, path = _mlp_file(tmp_path)
-    assert not open_file(path)[1].mapped and open_file(path, mmap=True)[1].mapped
-    monkeypatch.setattr(reading, "MAP_BYTES", 1)
     assert open_file(path)[1].mapped and not open_file(path, mmap=False)[1].mapped
+
+    def cannot_map(*args, **kwargs):
+        raise OSError("out of mappings")
+
+    monkeypatch.setattr(reading.mmap_module, "mmap", cannot_map)
+    header, content = open_file(path)
+    assert not content.mapped and "0.weight" in header.tensors
 
 
 def test_a_converted_file_leaves_no_view_of_its_bytes(tmp_path):

@@ -166,18 +166,18 @@ class ModelFile:
         return str(self.header.path)
 
 
-def load(path: str | os.PathLike[str], device: str | Backend | None = None, mmap: bool | None = None) -> Operator:
+def load(path: str | os.PathLike[str], device: str | Backend | None = None, mmap: bool = True) -> Operator:
     """Rebuild the model saved at ``path`` through the op registry and place it on ``device``.
 
     Everything is checked before anything large is allocated: the header
     against the file size, the format version, the checksums of the metadata,
     the topology (unknown ops name the distribution to install), the shape of
     every tensor against the rebuilt model; then the checksum of every tensor.
-    INT8 weights are dequantized to the model's float dtype. Files of 4 MiB or
-    more are mapped rather than read, and a float model on the CPU then views
-    the mapping (``mmap=False`` reads instead, ``mmap=True`` maps any file;
-    see :mod:`neuroflow.checkpoint.reading` for what a mapping asks of the
-    file). Raises CheckpointError for any problem with the file.
+    INT8 weights are dequantized to the model's float dtype. The file is
+    mapped copy-on-write, and a float model on the CPU views the mapping
+    (``mmap=False`` reads it instead; see :mod:`neuroflow.checkpoint.reading`
+    for what a mapping asks of the file). Raises CheckpointError for any
+    problem with the file.
 
     >>> model = nf.load("mlp.safetensors", device="cpu")
     """

@@ -1,10 +1,11 @@
 """Reading a model file's tensors into the model rebuilt from it: the file's bytes, checked, then put in place.
 
-The file is read whole into one buffer or, when large (:data:`MAP_BYTES`),
-mapped copy-on-write: the pages come straight from the OS file cache, where
-reading 45 MB into fresh memory costs its page faults first (ResNet-18 on the
-2-core machine of ``benchmarks/checkpoint.py``: 9.5 ms to read, 0.4 ms to map;
-CRC-32 takes 11 ms either way). Every tensor's checksum is verified before
+The file is mapped copy-on-write (or, where it cannot be, read into one
+buffer): the pages come straight from the OS file cache, where reading into
+fresh memory costs its page faults first (ResNet-18's 45 MB on the 2-core
+machine of ``benchmarks/checkpoint.py``: 9.5 ms to read, 0.4 ms to map;
+CRC-32 takes 11 ms either way; the MLP's 0.44 MB: 0.25 ms of faults when the
+process has no free pages at hand). Every tensor's checksum is verified before
 any value is used (large files by several threads: ``zlib.crc32`` releases
 the GIL). When the model takes every stored tensor as it is, its parameters
 become views of that buffer, without a copy; otherwise (INT8 weights and
@@ -41,8 +42,6 @@ from neuroflow.operator import Operator
 if TYPE_CHECKING:
     from neuroflow.checkpoint.model_file import ModelFile
 
-#: Files of at least this many bytes are mapped rather than read (where the OS can map files).
-MAP_BYTES = 4 << 20
 #: Bytes of tensors per checksumming thread: below it a thread costs more to start than it saves.
 BYTES_PER_THREAD = 4 << 20
 MAX_THREADS = 8
@@ -65,19 +64,19 @@ class FileContent:
         return np.frombuffer(self.bytes_of(entry), entry.dtype).reshape(entry.shape)
 
 
-def open_file(path: str | os.PathLike[str], mmap: bool | None = None) -> tuple[Header, FileContent]:
+def open_file(path: str | os.PathLike[str], mmap: bool = True) -> tuple[Header, FileContent]:
     """The checked header of the safetensors file at ``path`` and its tensor bytes.
 
-    ``mmap`` None maps files of :data:`MAP_BYTES` or more, True maps any file,
-    False reads. A read file's header is checked before its data is read, so
-    a file that is no safetensors file costs its first bytes only.
+    With ``mmap`` the file is mapped copy-on-write where the OS can (else, or
+    when mapping fails, read). A read file's header is checked before its
+    data is read, so a file that is no safetensors file costs its first bytes only.
     """
     file = Path(path)
     try:
         with open(file, "rb", buffering=0) as handle:
             size = os.fstat(handle.fileno()).st_size
-            if size >= 8 and (mmap or (mmap is None and size >= MAP_BYTES)) and hasattr(mmap_module, "MAP_PRIVATE"):
-                mapping = mmap_module.mmap(handle.fileno(), size, access=mmap_module.ACCESS_COPY)
+            mapping = _map(handle, size) if mmap else None
+            if mapping is not None:
                 data = np.frombuffer(mapping, np.uint8)
                 return container.parse_header(file, memoryview(mapping)), FileContent(data, 0, True)
             header = container.read_header_from(handle, file)
@@ -86,6 +85,16 @@ def open_file(path: str | os.PathLike[str], mmap: bool | None = None) -> tuple[H
             return header, FileContent(data, header.data_start, False)
     except OSError as exc:
         raise CheckpointError(f"cannot read {file}: {exc}") from exc
+
+
+def _map(handle: io.RawIOBase, size: int) -> mmap_module.mmap | None:
+    """A private (copy-on-write) mapping of the whole file, or None where there is none to be had."""
+    if size < 8 or not hasattr(mmap_module, "MAP_PRIVATE"):  # too short to be a file; Windows would lock it
+        return None
+    try:
+        return mmap_module.mmap(handle.fileno(), size, access=mmap_module.ACCESS_COPY)
+    except (OSError, ValueError):  # e.g. a file system that cannot map, or the process is out of mappings
+        return None
 
 
 def _read_fully(handle: io.RawIOBase, view: memoryview, file: Path) -> None:
