@@ -46,7 +46,7 @@ _BUDGET_FACTOR, _BUDGET_ALLOWANCE = 2, 1 << 20
 #: The same for draws that keep their real values (seeds, shuffles, discrete distributions).
 _DISCRETE = {"integers": 2, "choice": 1, "binomial": 2, "poisson": 1, "bytes": 0, "multivariate_normal": 2}
 #: Placeholders of at least this many bytes get their own anonymous mapping (see :func:`placeholder`).
-_MAPPED_BYTES = 1 << 17
+_MAPPED_BYTES = 1 << 14
 
 
 def _count(size: Any) -> int:
