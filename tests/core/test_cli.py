@@ -364,3 +364,22 @@ def test_lora_config_fine_tunes_a_saved_model_then_fuses_and_saves_a_plain_one(w
     for name in ("0.bias", "2.bias"):  # lora_fusion: only the adapters trained
         np.testing.assert_array_equal(fused[name].data, base[name].data)
     assert not np.allclose(fused["0.weight"].data, base["0.weight"].data)
+
+
+def test_bench_times_each_backend_and_says_what_auto_would_choose(capsys):
+    assert main(["bench", "--backend", "cpu", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["cpu"])
+    assert float(row.split()[1]) > 0 and "ms/step" in row and "1.00× cpu" in row
+    assert main(["bench", "--backend", "nosuch"]) == 2
+    assert "unknown backend 'nosuch'" in capsys.readouterr().err
+    assert main(["bench", "--steps", "0"]) == 2
+
+
+def test_a_closed_pipe_is_not_an_error(monkeypatch):
+    def closed(args):
+        raise BrokenPipeError
+    from neuroflow.cli import plugins
+
+    monkeypatch.setattr(plugins, "run", closed)
+    assert main(["plugins"]) == 0

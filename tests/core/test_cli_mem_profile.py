@@ -41,7 +41,7 @@ def test_example_config_gives_a_plan_for_a_64_mb_budget(capsys):
 def test_the_configs_own_budget_splits_the_batch_keeping_the_effective_batch(capsys):
     assert main(["mem-profile", str(EXAMPLE)]) == 0
     out = capsys.readouterr().out
-    assert "budget: 2.550 MiB -> does NOT fit" in out
+    assert "budget: 3.400 MiB -> does NOT fit" in out
     assert "to keep the effective batch 256: batch_size=64 x gradient_accumulation_steps=4 (= 256)" in out
 
 

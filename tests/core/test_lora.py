@@ -330,8 +330,9 @@ def test_planned_peak_of_lora_fine_tuning_is_far_below_full_fine_tuning():
     assert full_report.gradient_bytes == 4 * weights
     assert full_report.optimizer_bytes == optimizer.state_nbytes(weights, 4)
     saved = 1 - lora_report.predicted_peak_bytes / full_report.predicted_peak_bytes
-    # Full: weights + gradients + AdamW's two moments and scratch = 5 weight-sized buffers; LoRA keeps 1.
-    assert saved > 0.7, saved
+    # Full: weights + gradients + AdamW's two moments = 4 weight-sized buffers (the update's scratch is one
+    # small chunk); LoRA keeps 1, plus activations both need: at least 3/4 of 90 % of the peak goes.
+    assert saved > 0.65, saved
 
 
 # --------------------------------------------------------------------------- a real fine-tune

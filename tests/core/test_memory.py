@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import tracemalloc
 
 import numpy as np
@@ -145,6 +147,18 @@ def test_pool_too_small_raises_with_needed_free_and_advice():
     trainer = nf.Trainer(mlp(2), batch_size=1024, memory_pool_size_mb=0.45, progress=False)
     with pytest.raises(OutOfMemoryError, match=r"needs an arena of \d+ bytes; the pool holds 471859 bytes\. batch_size=\d+ with gradient_accumulation_steps=\d+ would fit"):
         trainer.train_step(x, y)
+
+
+def test_pool_too_small_for_accumulation_advises_the_largest_batch_that_fits_and_it_does():
+    x, y = data(256, 784, 10)
+    trainer = nf.Trainer(mlp(2), batch_size=256, memory_pool_size_mb=0.3, progress=False)
+    with pytest.raises(OutOfMemoryError, match=r"batch_size=(\d+) without accumulation fits") as info:
+        trainer.train_step(x, y)
+    fits = int(re.search(r"batch_size=(\d+)", str(info.value)).group(1))
+    assert 0 < fits < 256
+    nf.Trainer(mlp(2), batch_size=fits, memory_pool_size_mb=0.3, progress=False).train_step(x[:fits], y[:fits])
+    with pytest.raises(OutOfMemoryError):
+        nf.Trainer(mlp(2), batch_size=fits + 1, memory_pool_size_mb=0.3, progress=False).train_step(x[:fits + 1], y[:fits + 1])
 
 
 def test_profile_report_and_budget_advice():

@@ -191,6 +191,17 @@ class ClArray:
         apply("copy", self, out=out, dtype=out.dtype)
         return out
 
+    def partition(self, kth: int) -> None:
+        """numpy's in-place partition of a 1-D array, done on the host (one round trip): a selection has
+        no fixed-shape kernel here, and its only user (gradient compression's top-k) runs once per step."""
+        if self.ndim != 1:
+            raise ValueError("the opencl backend partitions 1-D arrays only")
+        host = self.get()
+        host.partition(kth)
+        from neuroflow_opencl.transfer import write
+
+        write(self, host)
+
     def fill(self, value: Any) -> None:
         self.assign(value)
 

@@ -177,6 +177,15 @@ class Namespace:
     def argmin(self, a: Any, axis: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
         return reduction.arg_reduce("argmin", a, axis, out, keepdims)
 
+    def count_nonzero(self, a: ClArray) -> int:
+        out = self.empty((), np.int64)
+        reduction.contract([a.reshape(-1)], "(a0 != 0)", "sum", 0, out)
+        return int(out)
+
+    def flatnonzero(self, a: ClArray) -> ClArray:
+        # a data-dependent size: computed on the host (one read), as gradient compression's packing needs it
+        return from_host(self.device, np.flatnonzero(a.get()))
+
     def take_along_axis(self, a: ClArray, indices: ClArray, axis: int) -> ClArray:
         return take_along_axis(a, indices, axis)
 

@@ -209,9 +209,10 @@ def _source(expr: str, kind: str, in_dtypes: tuple[str, ...], out_dtype: str, ac
     lines.append("        long q = j;")
     for d in reversed(range(kr)):
         lines.append(f"        long k{d} = q % rn{d}; q /= rn{d};")
-    for i in range(len(in_dtypes)):
+    for i, dt in enumerate(in_dtypes):
+        # the expression sees values in their own type (a count of "a0 != 0" must not first cast 0.3 to 0)
         offset = " + ".join([f"b{i}", *(f"k{d} * p{i}_r{d}" for d in range(kr))])
-        lines.append(f"        {at} a{i} = ({at})p{i}[{offset}];")
+        lines.append(f"        {c_type(dt)} a{i} = p{i}[{offset}];")
     lines.append(f"        {at} v = ({at})({expr});")
     lines.append(f"        {_COMBINE[kind]}")
     lines.append("    }")

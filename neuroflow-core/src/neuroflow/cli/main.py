@@ -27,7 +27,7 @@ TRACEBACK_ENV = "NEUROFLOW_TRACEBACK"
 
 
 def _builtin_commands(register: Callable[..., None]) -> None:
-    from neuroflow.cli import debug_backward, doctor, export, gradcheck, mem_profile, plugins, train
+    from neuroflow.cli import bench, debug_backward, doctor, export, gradcheck, mem_profile, plugins, train
 
     register("train", train.HELP, train.configure, train.run)
     register("mem-profile", mem_profile.HELP, mem_profile.configure, mem_profile.run)
@@ -37,6 +37,7 @@ def _builtin_commands(register: Callable[..., None]) -> None:
     register("debug-backward", debug_backward.HELP, debug_backward.configure, debug_backward.run)
     register("doctor", doctor.HELP, doctor.configure, doctor.run)
     register("export", export.HELP, export.configure, export.run)
+    register("bench", bench.HELP, bench.configure, bench.run)
 
 
 def _plugin_commands(register: Callable[..., None]) -> None:
@@ -98,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("neuroflow: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `neuroflow plugins | head`: the reader left, which is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (NeuroFlowError, OSError) as exc:
         if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
             traceback.print_exc()

@@ -117,8 +117,11 @@ def run(args: argparse.Namespace) -> int:
     budget = args.budget_mb if args.budget_mb is not None else trainer.memory_budget_mb
     batch, steps = trainer.batch_size, trainer.gradient_accumulation_steps
     try:
+        # the same reserve for prefetched input batches the Trainer keeps, so both advise the same split
         report = profile(model, (batch, *sample), trainer.loss, trainer.optimizer, budget_mb=budget,
-                         gradient_accumulation_steps=steps)
+                         gradient_accumulation_steps=steps,
+                         reserve_per_sample=trainer.input_bytes_per_sample(tuple(sample)),
+                         gradient_compression=trainer.compressor.mode if trainer.compressor else None)
     except ShapeError as exc:
         raise ConfigError(f"the model does not take samples of shape {sample} (from {source}): {exc}") from exc
     parameters = sum(int(p.data.size) for p in model.parameters())

@@ -54,6 +54,8 @@ class MemoryReport:
     effective_batch: int | None = None
     #: the error-feedback residual of gradient compression (0 without it)
     compression_bytes: int = 0
+    #: host memory the data loader holds for this batch size (prefetched batches), counted against a budget
+    input_reserve_bytes: int = 0
 
     @property
     def arena_bytes(self) -> int:
@@ -67,9 +69,10 @@ class MemoryReport:
     def predicted_peak_bytes(self) -> int:
         return self.static_bytes + self.arena_bytes + ALIGNMENT  # the arena is over-allocated to align it
 
-    def fits(self, reserve_bytes: int = 0) -> bool:
+    def fits(self, reserve_bytes: int | None = None) -> bool:
         """Whether the predicted peak, plus ``reserve_bytes`` kept for input data, is within the budget."""
-        return self.budget_bytes is None or self.predicted_peak_bytes + reserve_bytes <= self.budget_bytes
+        reserve = self.input_reserve_bytes if reserve_bytes is None else reserve_bytes
+        return self.budget_bytes is None or self.predicted_peak_bytes + reserve <= self.budget_bytes
 
     def __str__(self) -> str:
         def mb(n: int) -> str:
@@ -90,6 +93,8 @@ class MemoryReport:
         )
         lines.append(f"predicted peak of a training step: {self.predicted_peak_bytes / MiB:.3f} MiB")
         if self.budget_bytes is not None:
+            if self.input_reserve_bytes:
+                lines.append(f"input batches the data loader holds: {self.input_reserve_bytes / MiB:.3f} MiB")
             lines.append(f"budget: {self.budget_bytes / MiB:.3f} MiB -> {'fits' if self.fits() else 'does NOT fit'}")
             if self.largest_batch is not None:
                 lines.append(f"largest batch that fits: {self.largest_batch}")
@@ -302,9 +307,10 @@ def profile(
         report.compression_bytes = compression_nbytes([int(p.data.size) for p in trainable], itemsize)
     if budget_mb is not None:
         report.budget_bytes = int(budget_mb * MiB)
+        report.input_reserve_bytes = reserve_per_sample * batch
         sizes = BatchModel(model, loss, sample, dtype, gradient_accumulation_steps, reserve_per_sample)
         room = report.budget_bytes - report.static_bytes
-        report.largest_batch = _largest_batch(sizes, room)
+        report.largest_batch = largest_batch(sizes, room)
         effective = batch * gradient_accumulation_steps
         report.effective_batch = effective
         single = sizes if gradient_accumulation_steps == 1 else BatchModel(model, loss, sample, dtype, 1, reserve_per_sample)
@@ -313,7 +319,8 @@ def profile(
     return report
 
 
-def _largest_batch(sizes: BatchModel, room: int, limit: int = 1 << 20) -> int:
+def largest_batch(sizes: BatchModel, room: int, limit: int = 1 << 20) -> int:
+    """The largest batch (up to ``limit``) whose planned arena fits ``room`` bytes; 0 when not even 1 does."""
     if room <= 0 or sizes.arena_bytes(1) > room:
         return 0
     lo, hi = 1, 2
@@ -331,9 +338,9 @@ def fit_batch(single: BatchModel, accumulating: BatchModel, room: int, effective
     ``single`` sizes a step without accumulation, ``accumulating`` one with it
     (accumulating needs a workspace per weight gradient).
     """
-    if _largest_batch(single, room, limit=effective) >= effective:
+    if largest_batch(single, room, limit=effective) >= effective:
         return effective, 1
-    largest = _largest_batch(accumulating, room, limit=effective)
+    largest = largest_batch(accumulating, room, limit=effective)
     if largest == 0:
         return None
     smallest_k = max(2, math.ceil(effective / largest))

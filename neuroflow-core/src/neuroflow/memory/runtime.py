@@ -67,7 +67,7 @@ class MemoryRuntime:
         from neuroflow.memory.profile import profile
 
         self._ensure_ready()
-        self._reserve_per_sample = self._input_bytes_per_sample(sample_shape)
+        self._reserve_per_sample = self.input_bytes_per_sample(sample_shape)
         report = profile(self.model, (self.batch_size, *sample_shape), self.loss, self.optimizer,
                          budget_mb=self.memory_budget_mb,
                          gradient_accumulation_steps=self.gradient_accumulation_steps,
@@ -107,7 +107,7 @@ class MemoryRuntime:
     def _compression_mode(self) -> str | None:
         return self.compressor.mode if self.compressor is not None else None
 
-    def _input_bytes_per_sample(self, sample_shape: tuple[int, ...]) -> int:
+    def input_bytes_per_sample(self, sample_shape: tuple[int, ...]) -> int:
         """Host memory the input pipeline holds per sample: the DataLoader's prefetched batches,
         the one being gathered and the one in use, inputs and integer labels."""
         from neuroflow.data import DataLoader
@@ -154,7 +154,7 @@ class MemoryRuntime:
         return self.gradient_accumulation_steps == 1 and len(modules) == len({id(m) for m in modules})
 
     def _advice(self, capacity: int) -> str:
-        from neuroflow.memory.profile import BatchModel, fit_batch
+        from neuroflow.memory.profile import BatchModel, fit_batch, largest_batch
 
         sample = getattr(self, "_sample_shape", None)
         if sample is None:
@@ -164,6 +164,10 @@ class MemoryRuntime:
         accumulating = BatchModel(self.model, self.loss, sample, dtype, 2)
         suggestion = fit_batch(single, accumulating, capacity, self.batch_size * self.gradient_accumulation_steps)
         if suggestion is None:
+            alone = largest_batch(single, capacity)
+            if alone:  # accumulating needs a workspace per weight gradient, which may be what does not fit
+                return (f"No batch × accumulation keeps the effective batch {self.batch_size * self.gradient_accumulation_steps}; "
+                        f"batch_size={alone} without accumulation fits, or raise memory_pool_size_mb.")
             return "Not even batch 1 fits: raise memory_pool_size_mb."
         b, k = suggestion
         return f"batch_size={b} with gradient_accumulation_steps={k} would fit."
