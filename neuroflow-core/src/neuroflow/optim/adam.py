@@ -48,8 +48,8 @@ class Adam(Optimizer):
                   decoupled=self.decoupled_weight_decay, step=self.step_count)
             return
         m, v = self.state["exp_avg"], self.state["exp_avg_sq"]
-        for chunk in self._chunks(data, grad, m, v):
-            self._update_chunk(*chunk, lr)
+        for data_c, grad_c, m_c, v_c, scratch in self._chunks(data, grad, m, v):
+            self._update_chunk(data_c, grad_c, m_c, v_c, scratch, lr)
 
     def _update_chunk(self, data: Any, grad: Any, m: Any, v: Any, scratch: Any, lr: float) -> None:
         xp = self._xp
