@@ -100,6 +100,27 @@ def test_resume_with_gradient_accumulation_is_exact(tmp_path):
         assert np.array_equal(p.data, q.data)
 
 
+def test_resume_with_gradient_compression_keeps_the_residual_and_is_exact(tmp_path):
+    batches = _batches()
+    kwargs = {"gradient_accumulation_steps": 2, "gradient_compression": "topk", "compression_ratio": 0.2}
+    straight = _bind(_trainer(seed=3, **kwargs))
+    for x, y in batches:
+        straight.train_step(x, y)
+    first = _bind(_trainer(seed=3, **kwargs))
+    for x, y in batches[:N]:
+        first.train_step(x, y)
+    assert np.abs(first.compressor.residual).sum() > 0  # something was held back: the test has teeth
+    save_training_checkpoint(first, tmp_path)
+    resumed = _trainer(seed=5, **kwargs)
+    load_training_checkpoint(resumed, tmp_path)
+    for x, y in batches[N:]:
+        resumed.train_step(x, y)
+    for p, q in zip(straight.model.parameters(), resumed.model.parameters()):
+        assert np.array_equal(p.data, q.data)
+    with pytest.raises(CheckpointError, match="gradient compression"):
+        load_training_checkpoint(_trainer(seed=5), tmp_path)  # dense trainer, compressed checkpoint
+
+
 def test_history_epoch_seed_and_data_position_are_restored(tmp_path):
     x, y = _batches(1)[0]
     trainer = _trainer(seed=4)

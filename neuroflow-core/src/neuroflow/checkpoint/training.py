@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from neuroflow.trainer import Trainer
 
 NAME_FORMAT = "ckpt-{step:08d}.safetensors"
+#: Stored beside the optimizer state: gradient compression's error-feedback residual.
+RESIDUAL = "compression_residual"
 _NAME = re.compile(r"ckpt-(\d{8,})\.safetensors")
 
 
@@ -95,11 +97,16 @@ def save_training_checkpoint(
     optimizer = trainer.optimizer.state_dict()
     for name, array in optimizer.pop("state").items():
         tensors[OPTIMIZER_PREFIX + name] = np.ascontiguousarray(array)
+    compressor = trainer.compressor
+    if compressor is not None and compressor.residual is not None:
+        # the unsent gradient is training state: without it a resumed run would forget it and diverge
+        tensors[OPTIMIZER_PREFIX + RESIDUAL] = np.ascontiguousarray(trainer.backend.to_host(compressor.residual))
     meta["training"] = compact_json({
         "step": int(trainer.step), "epoch": int(trainer.epoch), "seed": int(trainer.seed),
         "history": {"epochs": trainer.history.epochs, "interrupted": bool(trainer.history.interrupted)},
         "optimizer": optimizer,
         "scheduler": _scheduler_state(trainer.scheduler),
+        "compression": _compression_settings(compressor),
         "rng": {"process": _encode(random.generator().bit_generator.state),
                 "ops": {path: _encode(rng.bit_generator.state) for path, rng in _op_generators(model).items()}},
         "data": None if loader is None else loader.state_dict(),
@@ -107,6 +114,12 @@ def save_training_checkpoint(
     path = write_model_file(folder / NAME_FORMAT.format(step=trainer.step), tensors, meta)
     _prune(folder, keep, path)
     return path
+
+
+def _compression_settings(compressor: Any) -> dict[str, Any] | None:
+    if compressor is None:
+        return None
+    return {"mode": compressor.mode, "ratio": compressor.ratio, "threshold": compressor.threshold}
 
 
 def _scheduler_state(scheduler: Any) -> dict[str, Any] | None:
@@ -196,6 +209,11 @@ def _restore(trainer: Trainer, path: Path, loader: DataLoader | None) -> ResumeI
     if optimizer.get("type") != type(trainer.optimizer).__name__:
         raise CheckpointError(f"{path}: saved with optimizer {optimizer.get('type')}; the trainer has "
                               f"{type(trainer.optimizer).__name__}")
+    saved_compression = state.get("compression")
+    own_compression = _compression_settings(trainer.compressor)
+    if saved_compression != own_compression:
+        raise CheckpointError(f"{path}: saved with gradient compression {saved_compression}; the trainer has "
+                              f"{own_compression}: resume with the same gradient_compression settings")
     saved_scheduler = state["scheduler"]
     if (saved_scheduler is None) != (trainer.scheduler is None):
         raise CheckpointError(f"{path}: saved {'without' if saved_scheduler is None else 'with'} a scheduler; "
@@ -220,7 +238,13 @@ def _restore(trainer: Trainer, path: Path, loader: DataLoader | None) -> ResumeI
     try:
         if loader is not None and state["data"] is not None:
             loader.load_state_dict(state["data"])
-        trainer.optimizer.load_state_dict({**optimizer, "state": {short: arrays[n] for n, short in names.items()}})
+        saved_state = {short: arrays[n] for n, short in names.items()}
+        residual = saved_state.pop(RESIDUAL, None)
+        trainer.optimizer.load_state_dict({**optimizer, "state": saved_state})
+        if trainer.compressor is not None:
+            if residual is None:
+                raise CheckpointError(f"{path}: the gradient-compression residual is missing")
+            trainer.compressor.load_residual(residual)
         if saved_scheduler is not None:
             trainer.scheduler.load_state_dict(saved_scheduler["state"])
             if saved_scheduler["binding"] is not None:

@@ -113,6 +113,7 @@ class GradientCompressor:
         self.names: list[str] = []
         self.last_stats: list[LayerStats] = []
         self._xp: Any = None
+        self._pending: Any = None
 
     def bind(self, flat: Any, names: list[str] | None = None) -> None:
         """Allocate the residual for ``flat``'s layers (a FlatParameters); it starts at zero."""
@@ -123,6 +124,19 @@ class GradientCompressor:
         if len(self.names) != len(self.slices):
             raise ValueError(f"bind got {len(self.names)} names for {len(self.slices)} parameters")
         self.residual = xp.zeros(flat.grad.shape, dtype=flat.grad.dtype)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self.load_residual(pending)
+
+    def load_residual(self, residual: Any) -> None:
+        """Restore a checkpoint's residual (a host array); before ``bind`` it is kept until then."""
+        if self.residual is None:
+            self._pending = residual
+            return
+        if tuple(residual.shape) != tuple(self.residual.shape):
+            raise ValueError(f"the saved gradient-compression residual has shape {tuple(residual.shape)}; "
+                             f"the model's trainable parameters need {tuple(self.residual.shape)}")
+        self.residual[...] = self._xp.asarray(residual.astype(self.residual.dtype, copy=False))
 
     @property
     def nbytes(self) -> int:
