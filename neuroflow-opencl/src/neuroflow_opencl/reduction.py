@@ -29,6 +29,13 @@ _COMBINE = {
     "argmax": "if ((v > acc || (v != v && acc == acc)) || j == 0) { acc = v; idx = j; }",
     "argmin": "if ((v < acc || (v != v && acc == acc)) || j == 0) { acc = v; idx = j; }",
 }
+# Integers have no NaN: the same choices without a self-comparison (which compilers warn about).
+_INTEGER_COMBINE = {
+    "max": "if (v > acc) acc = v;",
+    "min": "if (v < acc) acc = v;",
+    "argmax": "if (v > acc || j == 0) { acc = v; idx = j; }",
+    "argmin": "if (v < acc || j == 0) { acc = v; idx = j; }",
+}
 
 
 def normalize_axes(axis: Any, ndim: int) -> tuple[int, ...]:
@@ -214,7 +221,8 @@ def _source(expr: str, kind: str, in_dtypes: tuple[str, ...], out_dtype: str, ac
         offset = " + ".join([f"b{i}", *(f"k{d} * p{i}_r{d}" for d in range(kr))])
         lines.append(f"        {c_type(dt)} a{i} = p{i}[{offset}];")
     lines.append(f"        {at} v = ({at})({expr});")
-    lines.append(f"        {_COMBINE[kind]}")
+    combine = _COMBINE[kind] if np.dtype(acc_dtype).kind == "f" else _INTEGER_COMBINE.get(kind, _COMBINE[kind])
+    lines.append(f"        {combine}")
     lines.append("    }")
     if scaled:
         lines.append("    acc *= scale;")
