@@ -27,6 +27,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="default: 1 for the CNN, 2 for the MLP")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--mlp", action="store_true", help="train the MLP instead of the CNN")
+    parser.add_argument("--device", default=None,
+                        help="cpu, opencl:0, cuda:0 or auto (default: $NEUROFLOW_BACKEND, else cpu)")
     args = parser.parse_args()
 
     nf.manual_seed(0)
@@ -52,7 +54,7 @@ def main() -> None:
         optimizer=nf.optim.AdamW(lr=2e-3, weight_decay=1e-4),
         scheduler=nf.schedulers.Cosine(),
         batch_size=args.batch_size,
-        device="cpu",
+        device=args.device,  # None: $NEUROFLOW_BACKEND (opencl, cuda, auto), else cpu
         seed=0,
         augment=augment,
     )

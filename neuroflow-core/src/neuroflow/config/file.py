@@ -30,160 +30,34 @@ import dataclasses
 import importlib
 import inspect
 import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from neuroflow.config.schema import (
+    COMPONENTS,
+    DATA_KEYS,
+    DATASETS,
+    IMAGE_DATASETS,
+    IMAGE_KEYS,
+    LORA_KEYS,
+    MEMORY_RUNTIME_KEYS,
+    MODEL_KEYS,
+    OUTPUT_KEYS,
+    SERIES_DATASETS,
+    SERIES_KEYS,
+    TABLES,
+    TRAINER_KEYS,
+    call_checked,
+    check_keys,
+    check_type,
+    match_name,
+)
+from neuroflow.config.series import series_windows
 from neuroflow.errors import ConfigError, NeuroFlowError, UnknownNameError
 from neuroflow.operator import Operator
-
-#: Top-level keys: the Trainer's keyword arguments, plus ``epochs`` for ``fit``.
-TRAINER_KEYS: dict[str, type] = {
-    "device": str,
-    "batch_size": int,
-    "epochs": int,
-    "gradient_accumulation_steps": int,
-    "clip_grad_norm": float,
-    "seed": int,
-    "shuffle": bool,
-    "debug": bool,
-    "allocator": str,
-    "enable_async_unload": bool,
-    "memory_pool_size_mb": float,
-    "memory_budget_mb": float,
-    "checkpoint_dir": str,
-    "checkpoint_every": int,
-    "keep_checkpoints": int,
-    "lora_fusion": bool,
-    "gradient_compression": str,
-    "compression_ratio": float,
-    "compression_threshold": float,
-}
-#: Keys the memory runtime adds to the Trainer; passed on only when the Trainer accepts them.
-MEMORY_RUNTIME_KEYS = frozenset({"enable_async_unload", "memory_pool_size_mb", "memory_budget_mb",
-                                 "gradient_compression", "compression_ratio", "compression_threshold"})
-TABLES = ("model", "data", "loss", "optimizer", "scheduler", "lora", "output")
-MODEL_KEYS: dict[str, type] = {"name": str, "layers": list, "from": str, "input_shape": list}
-DATA_KEYS: dict[str, type] = {"dataset": str, "flat": bool, "normalize": bool, "path": str, "train": str, "test": str,
-                              "window": int, "horizon": int, "split": float}
-IMAGE_DATASETS = ("mnist", "fashion_mnist")
-SERIES_DATASETS = ("sunspots",)
-DATASETS = IMAGE_DATASETS + SERIES_DATASETS
-IMAGE_KEYS = ("flat", "normalize", "path")
-SERIES_KEYS = ("window", "horizon", "split")
-LORA_KEYS: dict[str, type] = {"rank": int, "alpha": float, "dropout": float, "targets": list}
-OUTPUT_KEYS: dict[str, type] = {"save": str, "fuse": bool, "quantize": str}
-
-#: Where ``type = ...`` of each component table is looked up, and the base classes that are not choices.
-COMPONENTS: dict[str, tuple[str, frozenset[str]]] = {
-    "loss": ("neuroflow.losses", frozenset({"Loss"})),
-    "optimizer": ("neuroflow.optim", frozenset({"Optimizer"})),
-    "scheduler": ("neuroflow.schedulers", frozenset({"Scheduler"})),
-}
-
-_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
-               list: "an array", dict: "a table"}
-
-
-def _check_type(where: str, key: str, value: Any, expected: type) -> None:
-    """Raise ConfigError unless ``value`` is a TOML value of ``expected`` (an integer is a valid number)."""
-    if expected is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-    elif expected is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, expected)
-    if not ok:
-        raise ConfigError(f"{where}: {key!r} must be {_TYPE_NAMES[expected]}; got {value!r}")
-
-
-def _check_keys(where: str, table: dict[str, Any], valid: dict[str, type]) -> None:
-    for key, value in table.items():
-        if key not in valid:
-            raise ConfigError(f"unknown key {key!r} in {where}; valid keys: {', '.join(valid)}")
-        _check_type(where, key, value, valid[key])
-
-
-def _simple_type(hint: Any) -> type | None:
-    """The one scalar type a parameter annotation asks for (``int``, ``float | None`` → float), else None."""
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return _simple_type(args[0]) if len(args) == 1 else None
-    return hint if hint in (int, float, bool, str) else None
-
-
-def _call(where: str, factory: Any, kwargs: dict[str, Any]) -> Any:
-    """``factory(**kwargs)`` after checking the keys and scalar types against its signature.
-
-    A ``*args`` parameter is given as an array under its name: ``Reshape(*shape)`` takes ``shape = [1, 28, 28]``.
-    """
-    args: list[Any] = []
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        params = None
-    if params is not None:
-        kwargs = dict(kwargs)
-        named = [p for p in params.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        star = next((p.name for p in params.values() if p.kind is p.VAR_POSITIONAL), None)
-        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-        valid = ["type", *(p.name for p in named), *([star] if star else [])]
-        for key in kwargs:
-            if key not in valid and not takes_any:
-                raise ConfigError(f"unknown key {key!r} in {where}; valid keys: {', '.join(valid)}")
-        if star is not None and star in kwargs:
-            _check_type(where, star, kwargs[star], list)
-            args = kwargs.pop(star)
-        try:
-            target = factory.__init__ if inspect.isclass(factory) else factory
-            hints = typing.get_type_hints(target)
-        except Exception:  # annotations naming types that only exist for type checkers
-            hints = {}
-        for key, value in kwargs.items():
-            expected = _simple_type(hints.get(key))
-            if expected is not None:
-                _check_type(where, key, value, expected)
-        missing = [p.name for p in named if p.default is p.empty and p.name not in kwargs]
-        if missing:
-            raise ConfigError(f"{where}: missing required key(s) {', '.join(map(repr, missing))}")
-    try:
-        return factory(*args, **kwargs)
-    except (NeuroFlowError, ValueError, TypeError) as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
-
-
-def match_name(name: str, available: list[str]) -> str | None:
-    """``name`` itself, or the one available name equal to it ignoring case."""
-    if name in available:
-        return name
-    matches = [a for a in available if a.lower() == name.lower()]
-    return matches[0] if len(matches) == 1 else None
-
-
-class SeriesWindows:
-    """A dataset of standardised windows of a series, (samples, window, features), and the value each forecasts.
-
-    ``mean`` and ``std`` undo the standardisation: original = value · std + mean.
-    (Not an ArrayDataset subclass: importing neuroflow.data would slow every CLI start.)
-    """
-
-    def __init__(self, x: np.ndarray, y: np.ndarray, mean: float, std: float) -> None:
-        self.x, self.y = x.astype(np.float32), y.astype(np.float32)
-        self.mean, self.std = mean, std
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, index: Any) -> tuple[np.ndarray, np.ndarray]:
-        return self.x[index], self.y[index]
-
-    def persistence(self) -> np.ndarray:
-        """The persistence forecast (each window's last value), the baseline a forecaster must beat."""
-        return self.x[:, -1]
 
 
 @dataclass
@@ -209,10 +83,10 @@ class Config:
         tables: dict[str, dict[str, Any]] = {}
         for key, value in raw.items():
             if key in TABLES:
-                _check_type("the config", key, value, dict)
+                check_type("the config", key, value, dict)
                 tables[key] = dict(value)
             elif key in TRAINER_KEYS:
-                _check_type("the top level", key, value, TRAINER_KEYS[key])
+                check_type("the top level", key, value, TRAINER_KEYS[key])
                 trainer[key] = value
             else:
                 valid = [*TRAINER_KEYS, *(f"[{t}]" for t in TABLES)]
@@ -227,7 +101,7 @@ class Config:
         if "lora" in tables:
             cls._check_lora(tables["lora"])
         if "output" in tables:
-            _check_keys("[output]", tables["output"], OUTPUT_KEYS)
+            check_keys("[output]", tables["output"], OUTPUT_KEYS)
             if "save" not in tables["output"] and tables["output"]:
                 raise ConfigError("[output] 'fuse' and 'quantize' go with save = \"<file>.safetensors\"")
         for name in COMPONENTS:
@@ -244,7 +118,7 @@ class Config:
             raise ConfigError("[model] needs exactly one of name = \"<registered model>\", layers = [...] and "
                               f"from = \"<file>.safetensors\"; got {', '.join(given) or 'none'}")
         if "name" not in model:  # a builder's other keys are its arguments, checked when it is called
-            _check_keys("[model]", model, MODEL_KEYS)
+            check_keys("[model]", model, MODEL_KEYS)
         if "layers" in model:
             if not model["layers"]:
                 raise ConfigError("[model] layers is empty; list at least one {type = \"...\"} table")
@@ -252,7 +126,7 @@ class Config:
                 if not isinstance(layer, dict) or not isinstance(layer.get("type"), str):
                     raise ConfigError(f"[model] layers[{i}] must be a table with type = \"<op name>\"; got {layer!r}")
         elif "name" in model:
-            _check_type("[model]", "name", model["name"], str)
+            check_type("[model]", "name", model["name"], str)
         shape = model.get("input_shape")
         if shape is not None and not (isinstance(shape, list) and shape
                                       and all(isinstance(s, int) and not isinstance(s, bool) and s > 0
@@ -261,7 +135,7 @@ class Config:
 
     @staticmethod
     def _check_data(data: dict[str, Any]) -> None:
-        _check_keys("[data]", data, DATA_KEYS)
+        check_keys("[data]", data, DATA_KEYS)
         if ("dataset" in data) == ("train" in data):
             raise ConfigError("[data] needs exactly one of dataset = \"mnist\" and train = \"<file>.npz\"")
         if "dataset" in data and data["dataset"] not in DATASETS:
@@ -289,7 +163,7 @@ class Config:
 
     @staticmethod
     def _check_lora(lora: dict[str, Any]) -> None:
-        _check_keys("[lora]", lora, LORA_KEYS)
+        check_keys("[lora]", lora, LORA_KEYS)
         targets = lora.get("targets")
         if targets is not None and not (targets and all(isinstance(t, str) for t in targets)):
             raise ConfigError("[lora] 'targets' must be a non-empty array of op type names or layer paths, "
@@ -303,7 +177,7 @@ class Config:
                 continue
             if key not in TRAINER_KEYS:
                 raise ConfigError(f"unknown key {key!r}; valid keys: {', '.join(TRAINER_KEYS)}")
-            _check_type("the command line", key, value, TRAINER_KEYS[key])
+            check_type("the command line", key, value, TRAINER_KEYS[key])
             if key == "epochs":
                 epochs = value
             else:
@@ -381,7 +255,7 @@ class Config:
                 builder = registry.models.get(self.model["name"])
             except NeuroFlowError as exc:
                 raise ConfigError(f"[model] name: {exc}") from exc
-            model = _call(f"[model] ({self.model['name']})", builder, kwargs)
+            model = call_checked(f"[model] ({self.model['name']})", builder, kwargs)
             if not isinstance(model, Operator):
                 raise ConfigError(f"model builder {self.model['name']!r} returned {type(model).__name__}, not an Operator")
             return model
@@ -393,7 +267,7 @@ class Config:
                 cls = registry.ops.get(name)
             except NeuroFlowError as exc:
                 raise ConfigError(f"{where}: {exc}") from exc
-            layers.append(_call(f"{where} ({name})", cls, {k: v for k, v in spec.items() if k != "type"}))
+            layers.append(call_checked(f"{where} ({name})", cls, {k: v for k, v in spec.items() if k != "type"}))
         return Sequential(*layers)
 
     def build_loss(self) -> Any:
@@ -415,7 +289,7 @@ class Config:
         name = match_name(spec["type"], available)
         if name is None:
             raise UnknownNameError(f"[{table}] type", spec["type"], available)
-        return _call(f"[{table}] ({name})", getattr(module, name), {k: v for k, v in spec.items() if k != "type"})
+        return call_checked(f"[{table}] ({name})", getattr(module, name), {k: v for k, v in spec.items() if k != "type"})
 
     def build_trainer(self, model: Operator) -> Any:
         """A Trainer for ``model`` with this config's loss, optimizer, scheduler and top-level keys."""
@@ -442,7 +316,7 @@ class Config:
         if self.data is None:
             raise ConfigError("the config has no [data] table; add dataset = \"mnist\" or train = \"<file>.npz\"")
         if self.data.get("dataset") in SERIES_DATASETS:
-            return self._series_windows()
+            return series_windows(self.data or {})
         if "dataset" in self.data:
             from neuroflow import data
 
@@ -457,34 +331,6 @@ class Config:
             return loader("train", **kwargs), loader("test", **kwargs)
         test = self.data.get("test")
         return self._npz("train"), None if test is None else self._npz("test")
-
-    def _series_windows(self) -> tuple[SeriesWindows, SeriesWindows]:
-        """Windows → the value ``horizon`` steps on: the first ``split`` to train on, the later ones held out.
-
-        The series is standardised by the values the training windows touch,
-        as neuroflow-ops-recurrent's own forecasting test does, so nothing of
-        the held-out tail leaks into training.
-        """
-        data = self.data or {}
-        try:
-            from neuroflow_ops_recurrent import data as series_data
-        except ImportError:
-            raise ConfigError(f"[data] dataset = {data['dataset']!r} comes with neuroflow-ops-recurrent: "
-                              "pip install neuroflow-ops-recurrent") from None
-        _, values = getattr(series_data, data["dataset"])()
-        window, horizon, split = data["window"], data.get("horizon", 1), data.get("split", 0.8)
-        pairs = len(values) - window - horizon + 1
-        train = int(split * pairs)
-        if not 0 < train < pairs:
-            raise ConfigError(f"[data] window = {window}, horizon = {horizon} and split = {split} leave {max(train, 0)} "
-                              f"training and {max(pairs - train, 0)} held-out windows of the {len(values)} values; "
-                              "each needs at least one")
-        x, y = series_data.one_step_windows(values, window, dtype=np.float64)
-        x, y = x[:pairs], y[horizon - 1:]  # window i → the value horizon steps after it
-        seen = values[:train + window + horizon - 1]
-        mean, std = float(seen.mean()), float(seen.std())
-        return (SeriesWindows((x[:train] - mean) / std, (y[:train] - mean) / std, mean, std),
-                SeriesWindows((x[train:] - mean) / std, (y[train:] - mean) / std, mean, std))
 
     def _npz(self, key: str) -> Any:
         from neuroflow.data import ArrayDataset
