@@ -1,4 +1,4 @@
-"""benchmarks/mlp.py runs end to end and prints its tables in the documented shape; timings are never asserted."""
+"""The benchmarks run end to end and print their tables in the documented shape; timings are never asserted."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -59,3 +61,32 @@ def test_mlp_benchmark_quick_prints_its_tables(tmp_path):
         # The workers start from the same weights on the same batch, so their first losses agree.
         first = [w["first_losses"][0] for w in result["workers"].values()]
         assert max(first) - min(first) < 1e-3
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_compression_benchmark_quick_reports_every_mode():
+    tables = markdown_tables(_run("compression.py", "--quick", "--steps", "20").stdout)
+    modes = {row[0] for table in tables for row in table[1:]}
+    assert {"dense", "topk 10 %", "threshold 5e-3", "auto 10 %"} <= modes
+
+
+def test_backends_benchmark_quick_compares_opencl_with_cpu():
+    pytest.importorskip("pyopencl")
+    table = markdown_tables(_run("backends.py", "--quick", "--rounds", "1", "--steps", "2", "--warmup", "1").stdout)[0]
+    rows = {row[0]: row for row in table[1:]}
+    assert "MLP train step (ms)" in rows and "CNN train step (ms)" in rows
+    assert all(float(rows[name][1]) > 0 and float(rows[name][2]) > 0 for name in rows)
+
+
+def test_gpu_benchmark_says_why_it_skips_without_a_gpu():
+    from neuroflow import registry
+
+    if registry.backends.get("cuda").is_available():
+        pytest.skip("a GPU machine runs the real benchmark through make gpu-check")
+    assert "needs an NVIDIA GPU" in _run("gpu.py").stdout
