@@ -4,6 +4,12 @@ Operands are views — (buffer, offset, strides) — broadcast to the output's
 shape with zero strides; neighbouring dimensions every operand walks densely
 are merged first, so the common cases (dense arrays, a bias row, a scalar)
 compile to kernels that index with the global id alone.
+
+Strided kernels give each work item a run of up to ``RUN`` elements along the
+last (collapsed) dimension and split only the row index into the other
+dimensions, in 32-bit arithmetic when the sizes allow: on pocl the per-element
+64-bit divisions of one work item per element made a 7-d im2col copy run at
+~55 M elements/s.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ UFUNCS: dict[str, tuple[int, str]] = {
     "clip": (3, "(((a0 < a1) ? a1 : a0) > a2) ? a2 : ((a0 < a1) ? a1 : a0)"), "where": (3, "(a0 != 0) ? a1 : a2"),
     "copy": (1, "a0"),
 }
+RUN = 64  # most elements of the last dimension one work item of a strided kernel walks
 # Integer forms of the expressions above whose float form guards NaN (a self-comparison on integers).
 INTEGER_FORMS = {"maximum": "(a0 > a1) ? a0 : a1", "minimum": "(a0 < a1) ? a0 : a1", "sign": "(a0 > 0) - (a0 < 0)",
                  "floor": "a0", "ceil": "a0"}
@@ -109,9 +116,9 @@ class _Plan:
     """Everything about a launch that depends only on dtypes, shapes and strides, computed once."""
 
     def __init__(self, shape: Shape, dtype: np.dtype, compute: np.dtype, source: tuple[str, str], total: int,
-                 stride_args: list[tuple[np.int64, ...]], shape_args: tuple[np.int64, ...]) -> None:
+                 items: int, stride_args: list[tuple[np.int64, ...]], shape_args: tuple[np.int64, ...]) -> None:
         self.shape, self.dtype, self.compute, self.source, self.total = shape, dtype, compute, source, total
-        self.stride_args, self.shape_args = stride_args, shape_args
+        self.items, self.stride_args, self.shape_args = items, stride_args, shape_args
         self.scalar = compute.type
 
     def launch(self, out: ClArray, operands: tuple[Any, ...]) -> None:
@@ -128,7 +135,7 @@ class _Plan:
                 args.append(self.scalar(op))
         args += self.shape_args
         device = out.device
-        device.kernel(*self.source)(device.queue, (self.total,), None, *args)
+        device.kernel(*self.source)(device.queue, (self.items,), None, *args)
 
 
 _PLANS: dict[Any, _Plan] = {}
@@ -177,11 +184,20 @@ def _geometry(shape: Shape, out_strides: Shape, out_dtype: np.dtype, operands: t
     dense = contiguous_strides(cshape)
     patterns = tuple("c" if s == dense else "s" if not any(s) else "g" for s in csets)
     kinds = tuple(op.dtype if isinstance(op, ClArray) else None for op in operands)
-    source = _source(expr, out_dtype, np.dtype(compute), kinds, len(cshape), patterns, predicate)
+    total = math.prod(shape)
     # dense operands index with the global id alone: their strides are not passed at all
     stride_args = [tuple(np.int64(x) for x in s) if p == "g" else () for s, p in zip(csets, patterns)]
-    shape_args = tuple(np.int64(n) for n in cshape) if "g" in patterns else ()
-    return _Plan(shape, out_dtype, np.dtype(compute), source, math.prod(shape), stride_args, shape_args)
+    shape_args: tuple[np.int64, ...] = ()
+    items = total
+    if "g" in patterns:
+        last = cshape[-1] if cshape else 1
+        blocks = -(-last // RUN)
+        run_length = -(-last // blocks)  # even runs: 65 elements are 33 + 32, not 64 + 1
+        items = total // max(last, 1) * blocks
+        shape_args = (*(np.int64(n) for n in cshape), np.int64(blocks), np.int64(run_length))
+    narrow = items < 2**31 and all(n < 2**31 for n in cshape)
+    source = _source(expr, out_dtype, np.dtype(compute), kinds, len(cshape), patterns, predicate, narrow)
+    return _Plan(shape, out_dtype, np.dtype(compute), source, total, items, stride_args, shape_args)
 
 
 def _scalar(value: Any) -> Any:
@@ -206,10 +222,11 @@ def run(out: ClArray, expr: str, operands: tuple[Any, ...], compute: Any, predic
 
 @cache
 def _source(expr: str, out_dtype: np.dtype, compute: np.dtype, kinds: tuple[np.dtype | None, ...], ndim: int,
-            patterns: tuple[str, ...], predicate: bool) -> tuple[str, str]:
+            patterns: tuple[str, ...], predicate: bool, narrow: bool = False) -> tuple[str, str]:
     ct, ot = c_type(compute), c_type(out_dtype)
     strided = "g" in patterns
     params = [f"__global {ot}* out", "long out_off", *_stride_params("out", patterns[0], ndim)]
+    names = ["out"]
     loads = []
     p = 1
     for i, kind in enumerate(kinds):
@@ -217,20 +234,35 @@ def _source(expr: str, out_dtype: np.dtype, compute: np.dtype, kinds: tuple[np.d
             params.append(f"{ct} a{i}")
             continue
         params += [f"__global const {c_type(kind)}* p{i}", f"long p{i}_off", *_stride_params(f"p{i}", patterns[p], ndim)]
-        loads.append(f"    {ct} a{i} = ({ct})p{i}[p{i}_off + {_index(patterns[p], f'p{i}', ndim)}];")
+        loads.append(f"{ct} a{i} = ({ct})p{i}[{_at(patterns[p], f'p{i}', ndim)}];")
+        names.append(f"p{i}")
         p += 1
-    if strided:
-        params += [f"long n{d}" for d in range(ndim)]
     value = f"({expr})"
     if out_dtype == np.bool_ and not predicate:
         value = f"({value} != 0)"
-    lines = ["    long gid = get_global_id(0);"]
-    if strided:
-        lines.append("    long r = gid;")
-        for d in reversed(range(ndim)):
-            lines.append(f"    long i{d} = r % n{d}; r /= n{d};" if d else f"    long i{d} = r;")
-    lines += loads
-    lines.append(f"    out[out_off + {_index(patterns[0], 'out', ndim)}] = ({ot}){value};")
+    store = f"out[{_at(patterns[0], 'out', ndim)}] = ({ot}){value};"
+    if not strided:
+        lines = ["    long gid = get_global_id(0);", *(f"    {line}" for line in loads), f"    {store}"]
+    else:
+        params += [f"long n{d}_arg" for d in range(ndim)] + ["long blocks_arg", "long run_arg"]
+        ix = "int" if narrow else "long"  # 32-bit divisions are several times cheaper on CPUs
+        last = ndim - 1
+        lines = [f"    const {ix} n{d} = ({ix})n{d}_arg;" for d in range(ndim)]
+        lines += [f"    const {ix} blocks = ({ix})blocks_arg, run = ({ix})run_arg;",
+                  f"    const {ix} item = ({ix})get_global_id(0);",
+                  f"    {ix} r = item / blocks;",
+                  f"    const {ix} j0 = (item - r * blocks) * run;",
+                  f"    const {ix} j1 = min(j0 + run, n{last});",
+                  f"    const long row = (long)r * n{last};"]
+        for d in reversed(range(last)):
+            lines.append(f"    const {ix} i{d} = r % n{d}; r /= n{d};" if d else f"    const {ix} i{d} = r;")
+        for name, pattern in zip(names, patterns):
+            if pattern == "g":
+                terms = "".join(f" + (long)i{d} * {name}_s{d}" for d in range(last))
+                lines.append(f"    const long {name}_row = {name}_off{terms};")
+        lines += [f"    for ({ix} i{last} = j0; i{last} < j1; ++i{last}) {{",
+                  f"        const long gid = row + i{last};",
+                  *(f"        {line}" for line in loads), f"        {store}", "    }"]
     source = preamble(out_dtype, compute, *(k for k in kinds if k is not None))
     source += f"__kernel void elementwise({', '.join(params)})\n{{\n" + "\n".join(lines) + "\n}\n"
     return source, "elementwise"
@@ -240,9 +272,10 @@ def _stride_params(prefix: str, pattern: str, ndim: int) -> list[str]:
     return [f"long {prefix}_s{d}" for d in range(ndim)] if pattern == "g" else []
 
 
-def _index(pattern: str, prefix: str, ndim: int) -> str:
+def _at(pattern: str, prefix: str, ndim: int) -> str:
+    """The element of operand ``prefix`` that element ``gid`` (in a strided kernel, i{ndim-1} of a run) reads or writes."""
     if pattern == "c":
-        return "gid"
+        return f"{prefix}_off + gid"
     if pattern == "s":
-        return "0"
-    return " + ".join(f"i{d} * {prefix}_s{d}" for d in range(ndim))
+        return f"{prefix}_off"
+    return f"{prefix}_row + i{ndim - 1} * {prefix}_s{ndim - 1}"
