@@ -178,9 +178,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=BACKENDS, help=argparse.SUPPRESS)
     parser.add_argument("--size", default="-", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name, quick, full in (("rounds", 3, 15), ("steps", 4, 12), ("warmup", 1, 5)):
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else full)
+    harness.fill_defaults(args, {"rounds": (3, 15), "steps": (4, 12), "warmup": (1, 5)})
     return args
 
 

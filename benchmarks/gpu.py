@@ -213,9 +213,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--contender", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name, quick, full in (("rounds", 3, 10), ("steps", 5, 20), ("warmup", 2, 10)):
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else full)
+    harness.fill_defaults(args, {"rounds": (3, 10), "steps": (5, 20), "warmup": (2, 10)})
     return args
 
 

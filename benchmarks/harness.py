@@ -216,6 +216,13 @@ def machine_load() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def fill_defaults(args: Any, defaults: dict[str, tuple[Any, Any]]) -> None:
+    """Set each option left unset to its (quick, full) default, by whether ``--quick`` was given."""
+    for name, (quick, full) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+
+
 def emit(report: dict[str, Any], print_report: Callable[[dict[str, Any]], None], json_path: str | None) -> int:
     """Print a benchmark's report and, with ``--json FILE``, write it there; the exit code of a finished run."""
     print_report(report)
