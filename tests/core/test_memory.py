@@ -16,7 +16,7 @@ from neuroflow.allocators.arena import ArenaAllocator
 from neuroflow.allocators.caching import CachingAllocator
 from neuroflow.errors import OutOfMemoryError
 from neuroflow.memory.planner import max_live_bytes, place
-from neuroflow.memory.trace import Slot
+from neuroflow.memory.trace import Slot, TracingPool
 
 NUMPY_DATA = tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)
 
@@ -61,6 +61,47 @@ def test_planned_arena_training_matches_unplanned_training_bit_for_bit(make):
             assert plan is not None and plan.arena_bytes < plan.unshared_bytes  # buffers really are shared
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
+
+
+def nested_residuals(seed=0):
+    nf.manual_seed(seed)
+    inner = nf.Residual(nf.Sequential(ops.Linear(16, 16), ops.Tanh()))
+    return nf.Sequential(
+        ops.Linear(8, 16),
+        nf.Residual(nf.Residual(inner)),
+        nf.Residual(nf.Concat(ops.Linear(16, 8), nf.Sequential(ops.Tanh(), ops.Linear(16, 8)), axis=-1)),
+        nf.Residual(nf.Sequential(ops.Linear(16, 16)), shortcut=ops.Linear(16, 16)),
+        ops.Linear(16, 3),
+    )
+
+
+def test_traced_step_frees_no_gradient_that_a_composite_reads_again():
+    """The tracer reuses a consumed gradient's memory at once, unless a composite kept it for a second read."""
+    x, y = data(6, 8, 3)
+    runs = []
+    for tracer in (None, TracingPool(np)):
+        model, loss = nested_residuals(), nf.losses.CrossEntropy()
+        for p in model.parameters():
+            p.grad = np.zeros_like(p.data)
+        model.attach_pool(tracer)
+        loss.attach_pool(tracer)
+        loss.forward(model.forward(x), y)
+        gx = model.backward(loss.backward())
+        runs.append([p.grad.copy() for p in model.parameters()] + [gx.copy()])
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_tracer_reuses_a_consumed_gradient_only_once_no_composite_keeps_it():
+    pool, f32 = TracingPool(np), np.float32
+    first, second, third = ops.ReLU(), ops.ReLU(), ops.ReLU()
+    grad = pool.get(first, "gx", (16,), f32)
+    pool.handoff(None, grad, first)  # handed out of first.backward
+    pool.keep(grad)  # a residual reads it again
+    pool.handoff(grad, None, second)  # consumed by the next layer
+    assert not np.shares_memory(pool.get(second, "gx", (16,), f32), grad)
+    pool.release(grad, kept=True)
+    assert np.shares_memory(pool.get(third, "gx", (16,), f32), grad)
 
 
 @settings(max_examples=60, deadline=None)

@@ -118,6 +118,8 @@ class Residual(Operator):
     def backward(self, grad_out: Any) -> Any:
         pool = self._pool
         tracing = pool is not None and pool.tracing
+        if tracing:
+            pool.keep(grad_out)  # read again below, after the block consumed it
         gb = self.block.backward(grad_out)
         if tracing:
             pool.handoff(None, gb, self.block)
@@ -129,7 +131,7 @@ class Residual(Operator):
         if tracing:
             pool.release(gb)
             pool.release(gs)
-            pool.release(grad_out)  # read again above, after the block may have consumed it
+            pool.release(grad_out, kept=True)
         return gx
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:

@@ -86,7 +86,10 @@ class BufferPool:
     def handoff(self, consumed: Any, produced: Any, owner: Any) -> None:
         pass
 
-    def release(self, array: Any) -> None:
+    def keep(self, array: Any) -> None:
+        pass
+
+    def release(self, array: Any, kept: bool = False) -> None:
         pass
 
     def done(self, owner: Any) -> None:

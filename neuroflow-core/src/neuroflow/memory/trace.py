@@ -9,6 +9,9 @@ derived from two events that composites report while tracing:
   so its forward caches and backward scratch die now; ``consumed`` dies now
   unless ``produced`` is a view of it; ``produced`` lives until released.
 - ``release(array)``: the caller has read ``array`` for the last time.
+- ``keep(array)`` … ``release(array, kept=True)``: a composite reads
+  ``array`` (its ``grad_out``) again after handing it to a child (a
+  residual's shortcut), so the child's handoff does not end it.
 
 A buffer handed out of a backward and never released lives to the end of
 the step, so an operator that reports nothing is planned safely, only less
@@ -17,10 +20,11 @@ lives from its request until the op calls ``retire(array)`` at the end of
 the call that used it.
 
 The traced step runs on real memory, so the pool reuses it as the plan
-will: a workspace's memory goes back at its retirement, and an operator's
-own buffers (forward caches, backward scratch; not gradients it handed
-out, which a composite may read again) when the operator is done. The
-first step then needs about the planned arena, not the sum of all buffers.
+will: a workspace's memory goes back at its retirement, an operator's own
+buffers (forward caches, backward scratch) when the operator is done, and a
+gradient it handed out when that gradient is consumed or released and no
+composite keeps it. The first step then needs about the planned arena, not
+the sum of all buffers.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+ALIGNMENT = 64  # bytes, as the planner aligns offsets
 
 @dataclass
 class Slot:
@@ -69,9 +74,13 @@ class TracingPool:
         self.reused_key: tuple[str, str] | None = None
         self._arrays: list[Any] = []
         self._by_array: dict[int, Slot] = {}
-        self._blocks: dict[int, Any] = {}  # slot index -> the 1-D block under it, while it holds one
-        self._free: list[Any] = []  # blocks of dead buffers, for later requests
+        # Memory is a few 1-D base arrays; a slot holds a range of one (split from a free range, merged back
+        # with its free neighbours when it dies), so dead small buffers can serve a later large one.
+        self._bases: list[Any] = []
+        self._blocks: dict[int, tuple[int, int, int]] = {}  # slot index -> (base, start, stop) while it holds one
+        self._free: list[tuple[int, int, int]] = []  # ranges of dead buffers, for later requests
         self._owned: dict[int, list[Slot]] = {}  # id(module) -> its slots, until the module is done
+        self._kept: dict[int, int] = {}  # slot index -> how many composites will read it again
 
     def _tick(self) -> int:
         self.time += 1
@@ -86,7 +95,7 @@ class TracingPool:
             if known.shape == tuple(shape) and known.dtype == np.dtype(dtype):
                 if known.index in self._blocks:
                     return self._arrays[known.index]
-                if known.transient:  # a workspace asked for again after its retirement: it lives on
+                if known.transient or known.escaped:  # asked for again after its memory went back: it lives on
                     known.retired_at = -1
                     return self._hold(known, shape, dtype)
             self.reused_key = (repr(owner), key)
@@ -112,28 +121,38 @@ class TracingPool:
             self._recycle(slot)
 
     def _hold(self, slot: Slot, shape: tuple[int, ...], dtype: Any) -> Any:
-        """Give ``slot`` memory: the smallest free block that fits, else a new one."""
-        size = math.prod(shape)
+        """Give ``slot`` memory: the smallest free range that fits, else a new base array."""
         dtype = np.dtype(dtype)
-        fits = [i for i, b in enumerate(self._free) if b.dtype == dtype and b.shape[0] >= size]
+        size = -(-max(math.prod(shape), 1) * dtype.itemsize // ALIGNMENT) * ALIGNMENT // dtype.itemsize
+        fits = [i for i, (b, lo, hi) in enumerate(self._free) if self._bases[b].dtype == dtype and hi - lo >= size]
         if fits:
-            block = self._free.pop(min(fits, key=lambda i: self._free[i].shape[0]))
+            base, lo, hi = self._free.pop(min(fits, key=lambda i: self._free[i][2] - self._free[i][1]))
+            if hi > lo + size:
+                self._free.append((base, lo + size, hi))
         else:
-            block = self.xp.empty(max(size, 1), dtype)
-        array = block[:size].reshape(shape)
+            base, lo = len(self._bases), 0
+            self._bases.append(self.xp.empty(size, dtype))
+        array = self._bases[base][lo:lo + math.prod(shape)].reshape(shape)
         slot.address = _address(array)
         old = self._arrays[slot.index]
         if old is not None:
             self._by_array.pop(id(old), None)
         self._arrays[slot.index] = array
         self._by_array[id(array)] = slot
-        self._blocks[slot.index] = block
+        self._blocks[slot.index] = (base, lo, lo + size)
         return array
 
     def _recycle(self, slot: Slot) -> None:
-        block = self._blocks.pop(slot.index, None)
-        if block is not None:
-            self._free.append(block)
+        held = self._blocks.pop(slot.index, None)
+        if held is None:
+            return
+        base, lo, hi = held
+        for i in reversed(range(len(self._free))):  # merge with the free neighbours
+            b, flo, fhi = self._free[i]
+            if b == base and (fhi == lo or flo == hi):
+                lo, hi = min(lo, flo), max(hi, fhi)
+                del self._free[i]
+        self._free.append((base, lo, hi))
 
     def _slot_of(self, array: Any) -> Slot | None:
         if array is None:
@@ -156,17 +175,33 @@ class TracingPool:
             result.escaped = True
         if source is not None and source is not result:
             source.released_at = max(source.released_at, now)
-        # A finished operator reads its own buffers no more. Gradients it handed out stay: a composite may
-        # read one again after the next layer consumed it (a residual's shortcut), so they live to the end.
+            self._end_gradient(source)
+        # A finished operator reads its own buffers no more; a gradient it handed out ends when consumed.
         for module_id in finished:
             for slot in self._owned.pop(module_id, []):
                 if not slot.escaped and not slot.transient:
                     self._recycle(slot)
 
-    def release(self, array: Any) -> None:
+    def keep(self, array: Any) -> None:
+        """The caller reads ``array`` again after handing it on: it lives until ``release(array, kept=True)``."""
         slot = self._slot_of(array)
         if slot is not None:
-            slot.released_at = max(slot.released_at, self._tick())
+            self._kept[slot.index] = self._kept.get(slot.index, 0) + 1
+
+    def release(self, array: Any, kept: bool = False) -> None:
+        """The caller has read ``array`` for the last time (``kept``: it had called ``keep(array)``)."""
+        slot = self._slot_of(array)
+        if slot is None:
+            return
+        slot.released_at = max(slot.released_at, self._tick())
+        if kept and self._kept.get(slot.index, 0) > 0:
+            self._kept[slot.index] -= 1
+        self._end_gradient(slot)
+
+    def _end_gradient(self, slot: Slot) -> None:
+        """A handed-out gradient nobody keeps is dead: its memory may serve the next request."""
+        if slot.escaped and not slot.transient and not self._kept.get(slot.index, 0):
+            self._recycle(slot)
 
     def done(self, owner: Any) -> None:
         """``owner`` will read none of its buffers again in this step (losses, the root model)."""
@@ -192,7 +227,7 @@ class TracingPool:
         Ops keep caches until their next forward; left alone, the traced
         step's arrays would live on beside the arena during the next step.
         """
-        traced = {id(a) for a in self._arrays} | {id(b) for b in self._blocks.values()} | {id(b) for b in self._free}
+        traced = {id(a) for a in self._arrays} | {id(b) for b in self._bases}
 
         def holds_traced(value: Any, depth: int = 0) -> bool:
             if isinstance(value, (tuple, list)):
@@ -215,6 +250,7 @@ class TracingPool:
         self._by_array.clear()
         self._blocks.clear()
         self._free.clear()
+        self._bases.clear()
 
 
 def _address(array: Any) -> int:
