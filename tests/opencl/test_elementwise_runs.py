@@ -51,3 +51,11 @@ def test_gid_counts_elements_in_order_through_a_strided_output(xp: Any) -> None:
     expected = np.zeros((4, 150))
     expected[:, ::2] = 1.0 + 0.5 * np.arange(300.0).reshape(4, 75)
     np.testing.assert_array_equal(out.get(), expected)
+
+
+def test_empty_strided_operands_are_a_no_op(xp: Any) -> None:
+    a = xp.zeros((4, 5), np.float32)
+    got = xp.add(a[::2, 2:2], a[1::2, 2:2])
+    assert got.get().shape == (2, 0)
+    b = xp.zeros((0, 4), np.float32)
+    assert xp.multiply(b[:, ::2], 2.0).get().shape == (0, 2)

@@ -191,7 +191,7 @@ def _geometry(shape: Shape, out_strides: Shape, out_dtype: np.dtype, operands: t
     items = total
     if "g" in patterns:
         last = cshape[-1] if cshape else 1
-        blocks = -(-last // RUN)
+        blocks = max(-(-last // RUN), 1)  # an empty array launches nothing but still gets a plan
         run_length = -(-last // blocks)  # even runs: 65 elements are 33 + 32, not 64 + 1
         items = total // max(last, 1) * blocks
         shape_args = (*(np.int64(n) for n in cshape), np.int64(blocks), np.int64(run_length))

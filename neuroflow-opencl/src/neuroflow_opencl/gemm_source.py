@@ -4,8 +4,10 @@ Every kernel takes the same arguments — (A, a_off, B, b_off, C, c_off, a_sm, a
 c_sn, a_sb, b_sb, c_sb, M, N, K), strides in elements — so the launcher does not care which it runs.
 A stride that is 1 is compiled in as a constant, which lets the compiler use contiguous vector loads.
 
-- ``rows``: B's rows are contiguous (``b_sn == 1``). A work item keeps ``rows`` × ``width`` of C in
-  ``rows`` vector registers and per k adds a broadcast of A[i, k] times one vector load of B[k, n:n+width].
+- ``rows``: B's rows are contiguous (``b_sn == 1``). A work item keeps ``rows`` × ``vectors``·``width`` of C
+  in vector registers and per k adds a broadcast of A[i, k] times vector loads of B[k, n:n+width·vectors];
+  deep products walk k in slices with a work-group barrier between them (pocl then runs the group's
+  work items slice by slice, so each slice of A and B is read from cache by all of them).
   The last column block is shifted left to end at N (it recomputes a few columns another work item
   also writes, with the same values), so loads need no guard. Needs N ≥ width.
 - ``dots``: A's and B's columns are contiguous (``a_sk == b_sk == 1``, as in x @ W.T). A work item
@@ -42,32 +44,52 @@ def _header(t: str, ta: str, tb: str, unit: tuple[bool, ...], attributes: str = 
 
 
 @cache
-def rows_source(out_dtype: str, a_dtype: str, b_dtype: str, unit: tuple[bool, ...], rows: int, width: int) -> str:
+def rows_source(out_dtype: str, a_dtype: str, b_dtype: str, unit: tuple[bool, ...], rows: int, width: int,
+                vectors: int = 1, k_block: int = 0) -> str:
+    """``rows`` × ``vectors``·``width`` of C per work item; ``k_block`` > 0 adds a work-group barrier every
+    ``k_block`` steps of k, so that pocl, which runs a group's work items one after another between
+    barriers, walks every item over one k-slice of A and B while that slice is still in cache."""
     t, ta, tb = c_type(out_dtype), c_type(a_dtype), c_type(b_dtype)
     v = f"{t}{width}"
+    span = width * vectors
     lines = [
-        f"    const long n0 = min((long)get_global_id(0) * {width}, N - {width});",
+        f"    const long n0 = min((long)get_global_id(0) * {span}, N - {span});",
         f"    const long m0 = get_global_id(1) * {rows};",
-        "    if (m0 >= M) return;",
+        # With barriers every work item must reach them: surplus ones compute a clamped copy, store nothing.
+        "    if (m0 >= M) return;" if not k_block else "",
         f"    __global const {tb}* b = B + b_off + n0;",
     ]
+    acc = [(i, q) for i in range(rows) for q in range(vectors)]
     for i in range(rows):
         lines.append(f"    __global const {ta}* a{i} = A + a_off + min(m0 + {i}, M - 1) * a_sm;")
-        lines.append(f"    {v} c{i} = 0;")
-    lines.append("    for (long p = 0; p < K; ++p) {")
-    lines.append(f"        const {v} y = convert_{v}(vload{width}(0, b + p * b_sk));")
-    lines += [f"        c{i} = ({t})a{i}[p * a_sk] * y + c{i};" for i in range(rows)]
-    lines.append("    }")
+    lines += [f"    {v} c{i}_{q} = 0;" for i, q in acc]
+    body = [f"        const {v} y{q} = convert_{v}(vload{width}(0, b + p * b_sk + {q * width}));" for q in range(vectors)]
+    body += [f"        const {t} x{i} = ({t})a{i}[p * a_sk];" for i in range(rows)]
+    body += [f"        c{i}_{q} = x{i} * y{q} + c{i}_{q};" for i, q in acc]
+    if k_block:
+        lines.append(f"    for (long p0 = 0; p0 < K; p0 += {k_block}) {{")
+        lines.append(f"        const long p1 = min(p0 + {k_block}, K);")
+        lines.append("        for (long p = p0; p < p1; ++p) {")
+        lines += ["    " + line for line in body]
+        lines.append("        }")
+        lines.append("        barrier(CLK_LOCAL_MEM_FENCE);")
+        lines.append("    }")
+        lines.append("    if (m0 >= M) return;")
+    else:
+        lines.append("    for (long p = 0; p < K; ++p) {")
+        lines += body
+        lines.append("    }")
     lines.append(f"    __global {t}* c = C + c_off + n0 * c_sn;")
     for i in range(rows):
         guard = f"if (m0 + {i} < M) " if i else ""
         lines.append(f"    {guard}{{")
-        lines.append(f"        if (c_sn == 1) vstore{width}(c{i}, 0, c + (m0 + {i}) * c_sm);")
-        lines.append("        else {")
-        lines += [f"            c[(m0 + {i}) * c_sm + {j} * c_sn] = c{i}.s{j:x};" for j in range(width)]
-        lines.append("        }")
+        for q in range(vectors):
+            lines.append(f"        if (c_sn == 1) vstore{width}(c{i}_{q}, 0, c + (m0 + {i}) * c_sm + {q * width});")
+            lines.append("        else {")
+            lines += [f"            c[(m0 + {i}) * c_sm + {q * width + j} * c_sn] = c{i}_{q}.s{j:x};" for j in range(width)]
+            lines.append("        }")
         lines.append("    }")
-    return preamble(out_dtype, a_dtype, b_dtype) + _header(t, ta, tb, unit) + "\n".join(lines) + "\n}\n"
+    return preamble(out_dtype, a_dtype, b_dtype) + _header(t, ta, tb, unit) + "\n".join(line for line in lines if line) + "\n}\n"
 
 
 @cache

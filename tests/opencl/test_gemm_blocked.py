@@ -1,0 +1,52 @@
+"""The k-blocked ``rows`` GEMM (products deeper than K_BLOCK, a work-group barrier per k-slice) against numpy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from neuroflow_opencl.gemm import K_BLOCK, _blocked_sizes
+
+
+def check(xp: Any, a: np.ndarray, b: np.ndarray, rtol: float = 1e-5) -> None:
+    got = xp.matmul(xp.asarray(a), xp.asarray(b)).get()
+    expected = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("k", [K_BLOCK + 1, 3 * K_BLOCK, 5 * K_BLOCK + 7])
+@pytest.mark.parametrize("mn", [(1, 5), (9, 33), (64, 288), (70, 17), (33, 64)])
+def test_deep_products_match_numpy(xp: Any, k: int, mn: tuple[int, int]) -> None:
+    m, n = mn
+    rng = np.random.default_rng(k + m)
+    check(xp, rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_weight_gradient_layout_and_float64(xp: Any, dtype: Any) -> None:
+    """gᵀ @ cols, as a convolution's weight gradient calls it: A is a transposed view."""
+    rng = np.random.default_rng(1)
+    g, cols = rng.standard_normal((1000, 24)).astype(dtype), rng.standard_normal((1000, 45)).astype(dtype)
+    got = xp.matmul(xp.asarray(g).T, xp.asarray(cols)).get()
+    np.testing.assert_allclose(got, g.T @ cols, rtol=1e-4 if dtype == np.float32 else 1e-12, atol=1e-3)
+
+
+def test_batched_deep_products_into_a_strided_out(xp: Any) -> None:
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((3, 20, 300), dtype=np.float32), rng.standard_normal((3, 300, 40), dtype=np.float32)
+    out = xp.zeros((3, 20, 80), np.float32)
+    xp.matmul(xp.asarray(a), xp.asarray(b), out=out[:, :, ::2])
+    host = out.get()
+    np.testing.assert_allclose(host[:, :, ::2], a @ b, rtol=1e-4, atol=1e-3)
+    assert not host[:, :, 1::2].any()
+
+
+@pytest.mark.parametrize("gx, gy, nb", [(1, 1, 1), (2, 4, 1), (9, 8, 1), (1, 100, 1), (3, 3, 5)])
+def test_blocked_sizes_cover_the_grid_in_whole_groups(gx: int, gy: int, nb: int) -> None:
+    (sx, sy, sb), (lx, ly, lb) = _blocked_sizes(gx, gy, nb, units=2)
+    assert sx >= gx and sy >= gy and sb == nb and lb == 1
+    assert sx % lx == 0 and sy % ly == 0
+    groups = sx // lx * sy // ly * nb
+    assert groups >= min(4, gx * gy * nb)  # enough groups for both cores whenever there are enough work items
