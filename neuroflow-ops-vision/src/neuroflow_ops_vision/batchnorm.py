@@ -68,6 +68,8 @@ class BatchNorm2d(Operator):
         self._y: Any = None
         self._mean: Any = None
         self._invstd: Any = None
+        self._scale: Any = None
+        self._shift: Any = None
         self._batch_stats = True
 
     # ------------------------------------------------------------------ views
@@ -89,12 +91,13 @@ class BatchNorm2d(Operator):
         return self.xp.einsum("mc,mc->c" if self.layout == "NHWC" else "ncs,ncs->c", a2, b2)
 
     # ------------------------------------------------------------------ computation
-    def forward(self, x: Any) -> Any:
+    def forward(self, x: Any, out: Any = None) -> Any:
+        """Normalise ``x``; into ``out`` when given (a caller that drops the output and calls :meth:`recompute`)."""
         check_feature_map(self, x, self.num_features, self.layout)
         xp = self.xp
         x2 = self._view(x)
         count = x.size // self.num_features
-        y = self.buffer("y", x.shape, x.dtype)
+        y = self.buffer("y", x.shape, x.dtype) if out is None else out
         y2 = self._view(y)
         batch_stats = self.training or not self.track_running_stats
         if batch_stats:
@@ -108,13 +111,24 @@ class BatchNorm2d(Operator):
         invstd = 1.0 / xp.sqrt(var + self.eps)
         scale = invstd * self.weight.data if self.affine else invstd
         shift = (self.bias.data if self.affine else 0.0) - mean * scale
-        xp.multiply(x2, self._per_channel(scale.astype(x.dtype, copy=False)), out=y2)
-        y2 += self._per_channel(shift.astype(x.dtype, copy=False))
-        if self.activation == "relu":
-            xp.maximum(y, 0, out=y)
+        self._scale, self._shift = scale.astype(x.dtype, copy=False), shift.astype(x.dtype, copy=False)
         self._x, self._mean, self._invstd, self._batch_stats = x, mean, invstd, batch_stats
-        self._y = y if self.activation else None
+        self.recompute(y)
         return y
+
+    def recompute(self, out: Any) -> Any:
+        """Write the last forward's output into ``out`` again, bit for bit, from the cached input.
+
+        One elementwise pass: a parent that needs the output in backward
+        (as the next convolution's input) can drop it in between.
+        """
+        xp, y2 = self.xp, self._view(out)
+        xp.multiply(self._view(self._x), self._per_channel(self._scale), out=y2)
+        y2 += self._per_channel(self._shift)
+        if self.activation == "relu":
+            xp.maximum(out, 0, out=out)
+        self._y = out if self.activation else None
+        return out
 
     def _batch_statistics(self, x2: Any, spare: Any, count: int) -> tuple[Any, Any]:
         """Per-channel mean and biased variance: one GEMV and one einsum over ``x2``.
@@ -171,7 +185,8 @@ class BatchNorm2d(Operator):
             c = -a * gbeta / count - b * mean
             xp.multiply(x2, self._per_channel(b.astype(x.dtype, copy=False)), out=gx2)
             gx2 += self._per_channel(c.astype(x.dtype, copy=False))
-            t = ws("batchnorm.t", gx2.shape, x.dtype)
+            # the masked gradient is our workspace, read for the last time here: scale it in place
+            t = g2 if y is not None else ws("batchnorm.t", gx2.shape, x.dtype)
             xp.multiply(g2, self._per_channel(a.astype(x.dtype, copy=False)), out=t)
             gx2 += t
             return gx

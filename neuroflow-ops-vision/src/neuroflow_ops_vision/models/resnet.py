@@ -31,6 +31,9 @@ class BasicBlock(Operator):
     The shortcut is the identity, or ``downsample`` (1×1 conv + BatchNorm)
     when the stride or width changes. The ReLUs are fused: the first into
     ``bn1``, the second with the residual add into one pass over ``bn2``'s output.
+    ``bn1``'s output (``conv2``'s input) is not kept from forward to backward:
+    backward recomputes it from ``bn1``'s cached input in one elementwise pass,
+    so a block keeps three feature maps instead of four.
     """
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1, layout: str = "NHWC", dtype: Any = np.float32) -> None:
@@ -51,7 +54,10 @@ class BasicBlock(Operator):
 
     def forward(self, x: Any) -> Any:
         xp = self.xp
-        out = self.bn2.forward(self.conv2.forward(self.bn1.forward(self.conv1.forward(x))))
+        c1 = self.conv1.forward(x)
+        with Workspace(self, "forward") as ws:
+            c2 = self.conv2.forward(self.bn1.forward(c1, out=ws("block.h", c1.shape, c1.dtype)))
+        out = self.bn2.forward(c2)
         # bn2 does not keep its output for backward, so the add and the ReLU may write into it.
         out += self.downsample.forward(x) if self.has_downsample else x
         xp.maximum(out, 0, out=out)
@@ -77,16 +83,23 @@ class BasicBlock(Operator):
         """conv1 ← bn1 ← conv2 ← bn2 backward; while tracing, each layer's end is reported as Sequential does."""
         pool = self._pool
         tracing = pool is not None and pool.tracing
-        for layer in (self.bn2, self.conv2, self.bn1, self.conv1):
+
+        def step(layer: Operator, g: Any) -> Any:
             produced = layer.backward(g)
             if tracing:
                 pool.handoff(g, produced, layer)
-            g = produced
-        return g
+            return produced
+
+        g = step(self.bn2, g)
+        with Workspace(self, "recompute") as ws:
+            h = self.bn1.recompute(ws("block.h", self.bn1._x.shape, g.dtype))
+            self.conv2._x = h  # conv2's input, dropped after forward
+            g = step(self.bn1, step(self.conv2, g))
+        return step(self.conv1, g)
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
         shape = self.conv1.output_shape(tuple(input_shape))
-        return MemoryDeclaration(shape, cached=[shape], workspace=[shape])
+        return MemoryDeclaration(shape, cached=[shape], workspace=[shape, shape])  # masked gradient; bn1's output, recomputed
 
     def get_config(self) -> dict[str, Any]:
         return {"in_planes": self.in_planes, "planes": self.planes, "stride": self.stride, "layout": self.layout}
