@@ -127,7 +127,7 @@ def _launch(variant: str, operands: list[tuple[ClArray, int, int, tuple[int, ...
         lanes = 64 // c.dtype.itemsize  # one AVX-512 register
         k_block = 0
         if variant == "rows":
-            rows = min(8, 1 << (m - 1).bit_length())  # a GEMV (one row) computes one row, not eight
+            rows = min(8, m)  # whole row blocks only: a GEMV (one row) computes one row, not eight
             width = next(w for w in (lanes, 8, 4) if w <= n)
             vectors = 2 if n >= 2 * width else 1  # 8 × 2 accumulators: half of AVX-512's 32 registers
             k_block = K_BLOCK if k > K_BLOCK else 0
