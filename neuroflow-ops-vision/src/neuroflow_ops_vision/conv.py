@@ -154,10 +154,14 @@ class Conv2d(ChannelsLastOperator):
                 conv_depthwise.backward(ws, x, g, self._w4(), gw, gx, self.geometry)
                 gw_param = None if gw is None else gw.reshape(self.weight.shape)
             else:
-                gw = ws("conv.gw", self._wmat_shape(), x.dtype) if want_w else None
+                gw = gw_param = None
+                if want_w:  # straight into weight.grad when it starts at zero, else into a workspace added to it
+                    pool = self._pool
+                    zeroed = pool is not None and pool.grads_zeroed and self.weight.grad is not None
+                    target = self.weight.grad if zeroed else ws("conv.gw", self.weight.shape, x.dtype)
+                    gw, gw_param = target.transpose(0, 2, 3, 1), None if zeroed else target
                 conv_gemm.backward(ws, x, g, self._wmat(ws), gw, gx, self.geometry, self.groups, self.chunk_size(x.shape),
                                    self._cols)
-                gw_param = None if gw is None else gw.transpose(0, 3, 1, 2)
             if gw_param is not None:
                 self.accumulate_grad(self.weight, gw_param)
             if self.has_bias and self.bias.requires_grad:

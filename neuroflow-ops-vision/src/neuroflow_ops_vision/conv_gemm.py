@@ -63,7 +63,11 @@ def forward(ws: Workspace, x: Any, wmat: Any, y: Any, geo: Geometry, groups: int
 
 def backward(ws: Workspace, x: Any, grad: Any, wmat: Any, gw: Any | None, gx: Any | None, geo: Geometry, groups: int,
              chunk: int, kept: Any = None) -> None:
-    """Write the weight gradient into ``gw`` (O, kh, kw, C/G) and the input gradient into ``gx``; None skips either."""
+    """Write the weight gradient into ``gw`` (O, kh, kw, C/G) and the input gradient into ``gx``; None skips either.
+
+    ``gw`` may be strided (the parameter's gradient, transposed): each chunk's
+    GEMM goes into one contiguous workspace and is copied or added from there.
+    """
     xp = ws.xp
     n = x.shape[0]
     out_hw = (grad.shape[1], grad.shape[2])
@@ -77,13 +81,13 @@ def backward(ws: Workspace, x: Any, grad: Any, wmat: Any, gw: Any | None, gx: An
             continue
         cols = kept if kept is not None else columns(ws, x[n0:n0 + chunk], geo, out_hw, groups)
         for g in range(groups):
-            target = gw[g * og:(g + 1) * og].reshape(og, -1)
+            target = gw[g * og:(g + 1) * og]
+            part = ws("conv.gw_part", (og, target[0].size), target.dtype)
+            xp.matmul(gs[:, g * og:(g + 1) * og].T, cols[:, g], out=part)
             if k == 0:
-                xp.matmul(gs[:, g * og:(g + 1) * og].T, cols[:, g], out=target)
+                xp.copyto(target, part.reshape(target.shape))
             else:
-                part = ws("conv.gw_part", target.shape, target.dtype)
-                xp.matmul(gs[:, g * og:(g + 1) * og].T, cols[:, g], out=part)
-                target += part
+                target += part.reshape(target.shape)
 
 
 def input_grad(ws: Workspace, gs: Any, wmat: Any, gx: Any, geo: Geometry, groups: int, out_hw: tuple[int, int]) -> None:
