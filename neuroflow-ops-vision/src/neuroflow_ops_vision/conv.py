@@ -160,7 +160,7 @@ class Conv2d(ChannelsLastOperator):
                     zeroed = pool is not None and pool.grads_zeroed and self.weight.grad is not None
                     target = self.weight.grad if zeroed else ws("conv.gw", self.weight.shape, x.dtype)
                     gw, gw_param = target.transpose(0, 2, 3, 1), None if zeroed else target
-                conv_gemm.backward(ws, x, g, self._wmat(ws), gw, gx, self.geometry, self.groups, self.chunk_size(x.shape),
+                conv_gemm.backward(ws, x, g, self._wmat, gw, gx, self.geometry, self.groups, self.chunk_size(x.shape),
                                    self._cols)
             if gw_param is not None:
                 self.accumulate_grad(self.weight, gw_param)

@@ -11,6 +11,7 @@ and without a column-sized buffer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from neuroflow_ops_vision.windows import Geometry, im2col, pad_into
@@ -61,33 +62,38 @@ def forward(ws: Workspace, x: Any, wmat: Any, y: Any, geo: Geometry, groups: int
     return cols if keep is not None else None
 
 
-def backward(ws: Workspace, x: Any, grad: Any, wmat: Any, gw: Any | None, gx: Any | None, geo: Geometry, groups: int,
-             chunk: int, kept: Any = None) -> None:
+def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspace], Any], gw: Any | None,
+             gx: Any | None, geo: Geometry, groups: int, chunk: int, kept: Any = None) -> None:
     """Write the weight gradient into ``gw`` (O, kh, kw, C/G) and the input gradient into ``gx``; None skips either.
 
     ``gw`` may be strided (the parameter's gradient, transposed): each chunk's
     GEMM goes into one contiguous workspace and is copied or added from there.
+    The weight gradient runs first, in a workspace scope of its own (columns,
+    padded input, GEMM result), retired before ``weight_matrix(ws)`` and the
+    input gradient's workspaces are taken: the two never need memory at once.
     """
     xp = ws.xp
     n = x.shape[0]
     out_hw = (grad.shape[1], grad.shape[2])
     o = grad.shape[3]
     og = o // groups
-    for k, n0 in enumerate(range(0, n, chunk)):
-        gs = grad[n0:n0 + chunk].reshape(-1, o)
-        if gx is not None:
-            input_grad(ws, gs, wmat, gx[n0:n0 + chunk], geo, groups, out_hw)
-        if gw is None:
-            continue
-        cols = kept if kept is not None else columns(ws, x[n0:n0 + chunk], geo, out_hw, groups)
-        for g in range(groups):
-            target = gw[g * og:(g + 1) * og]
-            part = ws("conv.gw_part", (og, target[0].size), target.dtype)
-            xp.matmul(gs[:, g * og:(g + 1) * og].T, cols[:, g], out=part)
-            if k == 0:
-                xp.copyto(target, part.reshape(target.shape))
-            else:
-                target += part.reshape(target.shape)
+    if gw is not None:
+        with Workspace(ws.op, f"{ws.phase}.weight") as wws:
+            for k, n0 in enumerate(range(0, n, chunk)):
+                gs = grad[n0:n0 + chunk].reshape(-1, o)
+                cols = kept if kept is not None else columns(wws, x[n0:n0 + chunk], geo, out_hw, groups)
+                for g in range(groups):
+                    target = gw[g * og:(g + 1) * og]
+                    part = wws("conv.gw_part", (og, target[0].size), target.dtype)
+                    xp.matmul(gs[:, g * og:(g + 1) * og].T, cols[:, g], out=part)
+                    if k == 0:
+                        xp.copyto(target, part.reshape(target.shape))
+                    else:
+                        target += part.reshape(target.shape)
+    if gx is not None:
+        wmat = weight_matrix(ws)
+        for n0 in range(0, n, chunk):
+            input_grad(ws, grad[n0:n0 + chunk].reshape(-1, o), wmat, gx[n0:n0 + chunk], geo, groups, out_hw)
 
 
 def input_grad(ws: Workspace, gs: Any, wmat: Any, gx: Any, geo: Geometry, groups: int, out_hw: tuple[int, int]) -> None:
