@@ -127,7 +127,7 @@ class Conv2d(ChannelsLastOperator):
             else:
                 chunk = self.chunk_size(xh.shape)
                 keep = None
-                if self.keep_columns and chunk >= n and not self.geometry.pointwise:
+                if self._keeps_columns(chunk, n):
                     shape = conv_gemm.column_shape(n, out_hw, self.geometry, self.groups, self.in_channels)
                     keep = self.buffer("col", shape, x.dtype)
                 self._cols = conv_gemm.forward(ws, xh, self._wmat(ws), y, self.geometry, self.groups, chunk, keep)
@@ -168,6 +168,11 @@ class Conv2d(ChannelsLastOperator):
                 gb = sum_rows(xp, g.reshape(-1, self.out_channels), out=ws("conv.gb", (self.out_channels,), x.dtype))
                 self.accumulate_grad(self.bias, gb)
             return None if gx is None else self._from_nhwc(gx, self.layout, "gx")
+
+    def _keeps_columns(self, chunk: int, n: int) -> bool:
+        """Whether forward's columns stay for backward: the whole batch in one chunk and more than one tap
+        (a 1×1 sweep's columns are a subsample of the input, as cheap to take again as to hold)."""
+        return self.keep_columns and chunk >= n and self.kernel_size != (1, 1)
 
     def _wmat_shape(self) -> tuple[int, int, int, int]:
         return (self.out_channels, *self.kernel_size, self.in_channels // self.groups)
@@ -220,7 +225,7 @@ class Conv2d(ChannelsLastOperator):
             if ph or pw:
                 workspace.append((chunk, h + 2 * ph, w + 2 * pw, c))
             columns = conv_gemm.column_shape(chunk, out_hw, self.geometry, self.groups, c)
-            (cached if self.keep_columns and chunk >= n else workspace).append(columns)
+            (cached if self._keeps_columns(chunk, n) else workspace).append(columns)
             workspace.append((chunk * out_hw[0] * out_hw[1], c))
         if self.output_layout == "NCHW":
             workspace += [out_nhwc, out_nhwc]  # permuted output and gradient
