@@ -144,9 +144,9 @@ def _launch(variant: str, operands: list[tuple[ClArray, int, int, tuple[int, ...
         else:
             size, local = _cpu_sizes(math.ceil(n / cols), math.ceil(m / rows), nb)
     kernel = c.device.kernel(source, "gemm")
-    kernel(c.device.queue, size, local, a.buffer, np.int64(a.offset), b.buffer, np.int64(b.offset),
-           c.buffer, np.int64(c.offset), *(np.int64(s) for s in strides),
-           *(np.int64(s[0] if s else 0) for s in (bsa, bsb, bsc)), np.int64(m), np.int64(n), np.int64(k))
+    params = c.device.constants((a.offset, b.offset, c.offset, *strides, *(s[0] if s else 0 for s in (bsa, bsb, bsc)),
+                                 m, n, k))
+    kernel(c.device.queue, size, local, a.buffer, b.buffer, c.buffer, params)
 
 
 def _cpu_sizes(gx: int, gy: int, nb: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:

@@ -1,7 +1,8 @@
 """OpenCL C source of the GEMM kernels: C[b] = A[b] @ B[b] over strided views, one kernel per layout.
 
-Every kernel takes the same arguments — (A, a_off, B, b_off, C, c_off, a_sm, a_sk, b_sk, b_sn, c_sm,
-c_sn, a_sb, b_sb, c_sb, M, N, K), strides in elements — so the launcher does not care which it runs.
+Every kernel takes the same arguments — (A, B, C, P) with P a device buffer of the longs (a_off, b_off,
+c_off, a_sm, a_sk, b_sk, b_sn, c_sm, c_sn, a_sb, b_sb, c_sb, M, N, K), strides in elements — so the
+launcher does not care which it runs (``Device.constants`` explains why the longs are not arguments).
 A stride that is 1 is compiled in as a constant, which lets the compiler use contiguous vector loads.
 
 - ``rows``: B's rows are contiguous (``b_sn == 1``). A work item keeps ``rows`` × ``vectors``·``width`` of C
@@ -33,12 +34,14 @@ TILE_K = 16
 
 
 def _header(t: str, ta: str, tb: str, unit: tuple[bool, ...], attributes: str = "") -> str:
-    params = [f"__global const {ta}* restrict A", "long a_off", f"__global const {tb}* restrict B", "long b_off",
-              f"__global {t}* restrict C", "long c_off", *(f"long {n}_arg" for n in STRIDES),
-              "long a_sb", "long b_sb", "long c_sb", "long M", "long N", "long K"]
+    params = [f"__global const {ta}* restrict A", f"__global const {tb}* restrict B", f"__global {t}* restrict C",
+              "__global const long* restrict P"]
+    names = ("a_off", "b_off", "c_off", *(f"{n}_arg" for n in STRIDES), "a_sb", "b_sb", "c_sb", "M", "N", "K")
+    loads = "\n".join(f"    {'long' if n.endswith('_off') else 'const long'} {n} = P[{i}];" for i, n in enumerate(names))
     consts = "\n".join(f"    const long {n} = {'1' if u else n + '_arg'};" for n, u in zip(STRIDES, unit, strict=True))
     return f"""{attributes}__kernel void gemm({', '.join(params)})
 {{
+{loads}
 {consts}
     const long batch = get_global_id(2);
     a_off += batch * a_sb; b_off += batch * b_sb; c_off += batch * c_sb;
