@@ -50,3 +50,25 @@ def test_blocked_sizes_cover_the_grid_in_whole_groups(gx: int, gy: int, nb: int)
     assert sx % lx == 0 and sy % ly == 0
     groups = sx // lx * sy // ly * nb
     assert groups >= min(4, gx * gy * nb)  # enough groups for both cores whenever there are enough work items
+
+
+@pytest.mark.parametrize("transposed_out", [False, True])
+def test_weight_gradient_into_strided_or_transposed_out(xp: Any, transposed_out: bool) -> None:
+    """Both operands allow either orientation; C's rows strided either way goes through a dense product."""
+    rng = np.random.default_rng(3)
+    g, cols = rng.standard_normal((700, 20), dtype=np.float32), rng.standard_normal((700, 50), dtype=np.float32)
+    store = xp.zeros((50, 20) if transposed_out else (20, 100), np.float32)
+    out = store.T if transposed_out else store[:, ::2]
+    xp.matmul(xp.asarray(g).T, xp.asarray(cols), out=out)
+    np.testing.assert_allclose(out.get(), g.T @ cols, rtol=1e-4, atol=1e-3)
+    if not transposed_out:
+        assert not store.get()[:, 1::2].any()
+
+
+def test_orientation_prefers_whole_column_blocks_then_the_narrower_product() -> None:
+    from neuroflow_opencl.gemm import _transpose
+
+    assert _transpose(64, 288, True, True, 16)  # 288×64 is narrower
+    assert _transpose(32, 27, True, True, 16)  # 27 columns need two overlapping 16-wide blocks; 32 one 32-wide block
+    assert not _transpose(512, 512, True, True, 16)
+    assert _transpose(64, 288, True, False, 16) and not _transpose(64, 288, False, True, 16)
