@@ -38,6 +38,7 @@ import numpy as np
 
 ALIGNMENT = 64  # bytes, as the planner aligns offsets
 
+
 @dataclass
 class Slot:
     """One buffer of a traced step: who asked, how big, and when it lives."""
