@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from neuroflow.backends.namespaces import array_namespace
 from neuroflow.memory.buffers import BufferPool
 
 
@@ -19,8 +20,12 @@ class Loss:
     xp: Any = None
     backend: Any = None  # set by the Trainer; its fused kernels replace the generic code where it has them
 
-    def fused(self, name: str) -> Any:
-        return self.backend.kernel(name) if self.backend is not None else None
+    def fused(self, name: str, like: Any) -> Any:
+        """The backend's fused kernel ``name`` for arrays like ``like``; None for arrays of another namespace
+        (``nf.memory.profile`` traces on the host whatever device the Trainer uses)."""
+        if self.backend is None or array_namespace(like) is not self.backend.xp:
+            return None
+        return self.backend.kernel(name)
 
     def forward(self, pred: Any, target: Any) -> float:
         raise NotImplementedError

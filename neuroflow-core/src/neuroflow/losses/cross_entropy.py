@@ -36,7 +36,7 @@ class CrossEntropy(Loss):
             raise ShapeError(f"CrossEntropy got labels of dtype {target.dtype}; expected integers in [0, {c})")
         xp = array_namespace(pred)
         z = self.buffer("z", pred.shape, pred.dtype, xp)
-        fused = self.fused("softmax_cross_entropy") if n else None
+        fused = self.fused("softmax_cross_entropy", pred) if n else None
         if fused is not None:
             # the kernel turns a bad label into a NaN loss, so the labels are read back only then
             row_loss = self.buffer("row_loss", (n,), pred.dtype, xp)
@@ -78,7 +78,7 @@ class CrossEntropy(Loss):
         xp = array_namespace(probs)
         # The gradient overwrites the probabilities in place: nothing reads them after this.
         g, self._probs = probs, None
-        fused = self.fused("softmax_cross_entropy_backward")
+        fused = self.fused("softmax_cross_entropy_backward", probs)
         if fused is not None:
             return fused(probs, labels, scale, self.label_smoothing)
         eps = self.label_smoothing

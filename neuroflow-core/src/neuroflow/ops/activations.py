@@ -37,7 +37,7 @@ class _Elementwise(Operator):
 
             raise ShapeError(f"{self!r}.backward got gradient of shape {grad_out.shape}; expected {self._cache.shape}")
         gx = self.buffer("gx", grad_out.shape, grad_out.dtype)
-        fused = self.fused("activation_backward") if self.fused_name else None
+        fused = self.fused("activation_backward", grad_out) if self.fused_name else None
         if fused is not None:
             fused(self._cache, grad_out, gx, self.fused_name, self.fused_slope)
         else:

@@ -92,7 +92,9 @@ class Optimizer:
 
     def fused(self, name: str) -> Any:
         """The backend's fused kernel ``name`` when the Trainer placed this optimizer on one, else None."""
-        return self.backend.kernel(name) if self.backend is not None else None
+        if self.backend is None or self._xp is not self.backend.xp:
+            return None
+        return self.backend.kernel(name)
 
     def bind(self, flat: FlatParameters) -> None:
         """Attach to ``flat`` and allocate zeroed state and scratch buffers; the step count restarts at 0.
