@@ -28,18 +28,3 @@ def test_every_extra_names_a_distribution_here_and_its_extra():
             assert name in dists, f"extra {extra!r} needs {name}, which is not a distribution of this repository"
             if inner:
                 assert inner in dists[name].get("optional-dependencies", {}), f"{name} has no extra {inner!r}"
-
-
-def test_the_meta_distribution_builds_without_packages(tmp_path):
-    import os
-
-    from setuptools.build_meta import prepare_metadata_for_build_wheel
-
-    cwd = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        info = prepare_metadata_for_build_wheel(str(tmp_path))
-    finally:
-        os.chdir(cwd)
-    metadata = (tmp_path / info / "METADATA").read_text()
-    assert "Name: neuroflow" in metadata and 'Requires-Dist: neuroflow-ops-vision; extra == "vision"' in metadata
