@@ -8,6 +8,7 @@ additionally keeps the binaries in its on-disk cache between runs.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -17,6 +18,9 @@ import numpy as np
 from neuroflow.errors import BackendUnavailableError
 
 MAX_CONSTANTS = 4096  # parameter buffers kept per device (see Device.constants)
+
+#: Host→device copies that may be in flight at once (each holds its host array alive until done).
+MAX_PENDING_UPLOADS = 64
 
 NO_PLATFORM_HELP = (
     "no OpenCL platform was found. For an Intel or AMD integrated GPU install the vendor's OpenCL driver "
@@ -104,6 +108,9 @@ class Device:
         # is dropped: the in-order queue makes reuse safe, and the steady state creates no cl.Buffer.
         self._pool = MemoryPool(ImmediateAllocator(self.queue))
         self._next_address = 1 << 32
+        # Events of queued host→device copies: pyopencl's event for such a copy waits for it when destroyed
+        # (it keeps the host array alive), so dropping it at once would make every upload a host wait.
+        self._uploads: collections.deque[Any] = collections.deque()
 
     def allocate(self, nbytes: int) -> Any:
         """A buffer of at least ``nbytes`` bytes from the device pool."""
@@ -127,8 +134,19 @@ class Device:
         """Bytes the temporary pool holds on the device (in use or kept for reuse)."""
         return int(self._pool.managed_bytes)
 
+    def keep_until_done(self, event: Any) -> None:
+        """Hold a host→device copy's event until it has completed (checked without waiting)."""
+        complete = self.cl.command_execution_status.COMPLETE
+        uploads = self._uploads
+        while uploads and uploads[0].command_execution_status == complete:
+            uploads.popleft()
+        if len(uploads) >= MAX_PENDING_UPLOADS:  # bound the host memory held: wait for the oldest
+            uploads.popleft().wait()
+        uploads.append(event)
+
     def synchronize(self) -> None:
         self.queue.finish()
+        self._uploads.clear()
 
     @property
     def namespace(self) -> Any:

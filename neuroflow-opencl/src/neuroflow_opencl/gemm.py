@@ -141,7 +141,7 @@ def _launch(variant: str, operands: list[tuple[ClArray, int, int, tuple[int, ...
             m: int, n: int, k: int) -> None:
     (a, a_sm, a_sk, bsa), (b, b_sk, b_sn, bsb), (c, c_sm, c_sn, bsc) = operands
     strides = (a_sm, a_sk, b_sk, b_sn, c_sm, c_sn)
-    dtypes = (str(c.dtype), str(a.dtype), str(b.dtype))
+    dtypes = (c.dtype, a.dtype, b.dtype)
     unit = tuple(s == 1 for s in strides)
     local: tuple[int, int, int] | None
     if variant == "tiled":

@@ -26,6 +26,7 @@ Measured on pocl (2-core AVX-512 Xeon): plain ``a * b + c`` compiles to FMA; ``f
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 from neuroflow_opencl.cdtypes import c_type, preamble
 
@@ -49,7 +50,7 @@ def _header(t: str, ta: str, tb: str, unit: tuple[bool, ...], attributes: str = 
 
 
 @cache
-def rows_source(out_dtype: str, a_dtype: str, b_dtype: str, unit: tuple[bool, ...], rows: int, width: int,
+def rows_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, unit: tuple[bool, ...], rows: int, width: int,
                 vectors: int = 1, k_block: int = 0) -> str:
     """``rows`` × ``vectors``·``width`` of C per work item; ``k_block`` > 0 adds a work-group barrier every
     ``k_block`` steps of k, so that pocl, which runs a group's work items one after another between
@@ -97,7 +98,7 @@ def rows_source(out_dtype: str, a_dtype: str, b_dtype: str, unit: tuple[bool, ..
 
 
 @cache
-def dots_source(out_dtype: str, a_dtype: str, b_dtype: str, unit: tuple[bool, ...],
+def dots_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, unit: tuple[bool, ...],
                 rows: int, cols: int, width: int) -> str:
     t, ta, tb = c_type(out_dtype), c_type(a_dtype), c_type(b_dtype)
     v = f"{t}{width}"
@@ -126,7 +127,7 @@ def dots_source(out_dtype: str, a_dtype: str, b_dtype: str, unit: tuple[bool, ..
 
 
 @cache
-def scalar_source(out_dtype: str, a_dtype: str, b_dtype: str, unit: tuple[bool, ...], rows: int, cols: int) -> str:
+def scalar_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, unit: tuple[bool, ...], rows: int, cols: int) -> str:
     t, ta, tb = c_type(out_dtype), c_type(a_dtype), c_type(b_dtype)
     lines = [
         f"    const long n0 = get_global_id(0) * {cols};",
@@ -147,7 +148,7 @@ def scalar_source(out_dtype: str, a_dtype: str, b_dtype: str, unit: tuple[bool, 
 
 
 @cache
-def tiled_source(out_dtype: str, a_dtype: str, b_dtype: str, unit: tuple[bool, ...], group: int, per: int) -> str:
+def tiled_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, unit: tuple[bool, ...], group: int, per: int) -> str:
     """A ``group``×``group`` work group computes a (group·per)² tile of C; work item (tx, ty) owns the
     rows ty + i·group and columns tx + j·group, so neighbouring work items touch neighbouring addresses."""
     t, ta, tb = c_type(out_dtype), c_type(a_dtype), c_type(b_dtype)

@@ -97,13 +97,13 @@ def _move(a: ClArray, offsets: ClArray, dense: ClArray, trailing: int, tstride: 
     total = offsets.size * trailing
     if total == 0:
         return
-    kernel = a.device.kernel(*_source(str(a.dtype), scatter))
+    kernel = a.device.kernel(*_source(a.dtype, scatter))
     kernel(a.device.queue, (total,), None, a.buffer, np.int64(a.offset), offsets.buffer, np.int64(offsets.offset),
            dense.buffer, np.int64(dense.offset), np.int64(trailing), np.int64(tstride))
 
 
 @cache
-def _source(dtype: str, scatter: bool) -> tuple[str, str]:
+def _source(dtype: Any, scatter: bool) -> tuple[str, str]:
     t = c_type(dtype)
     move = "src[src_off + at] = dense[dense_off + gid];" if scatter else "dense[dense_off + gid] = src[src_off + at];"
     source = preamble(dtype) + f"""__kernel void move(__global {t}* src, long src_off, __global const long* offsets,

@@ -176,7 +176,7 @@ def _launch(inputs: Sequence[ClArray], expr: str, kind: str, oshape: Shape, oset
             scale: float | None) -> None:
     """One launch of ``prod(oshape) * parts`` work items; part ``p`` of output ``o`` lands at ``o + p * prod(oshape)``."""
     device = out.device
-    source, name = _source(expr, kind, tuple(str(x.dtype) for x in inputs), str(out.dtype), str(acc_dtype),
+    source, name = _source(expr, kind, tuple(x.dtype for x in inputs), out.dtype, np.dtype(acc_dtype),
                            len(oshape), len(rshape), scale is not None)
     kernel = device.kernel(source, name)
     outputs = math.prod(oshape)
@@ -192,7 +192,7 @@ def _launch(inputs: Sequence[ClArray], expr: str, kind: str, oshape: Shape, oset
 
 
 @cache
-def _source(expr: str, kind: str, in_dtypes: tuple[str, ...], out_dtype: str, acc_dtype: str, ko: int, kr: int,
+def _source(expr: str, kind: str, in_dtypes: tuple[np.dtype, ...], out_dtype: np.dtype, acc_dtype: np.dtype, ko: int, kr: int,
             scaled: bool) -> tuple[str, str]:
     at, ot = c_type(acc_dtype), c_type(out_dtype)
     params = ["__global " + ot + "* out", "long out_off", *(f"long out_s{d}" for d in range(ko)), "long part_stride"]
@@ -239,7 +239,7 @@ _LIMITS = {"char": ("CHAR_MIN", "CHAR_MAX"), "uchar": ("0", "UCHAR_MAX"), "short
            "long": ("LONG_MIN", "LONG_MAX"), "ulong": ("0", "ULONG_MAX")}
 
 
-def _identity(kind: str, acc_dtype: str, at: str) -> str:
+def _identity(kind: str, acc_dtype: np.dtype, at: str) -> str:
     floating = np.dtype(acc_dtype).kind == "f"
     if kind == "max":
         return "-INFINITY" if floating else _LIMITS[at][0]

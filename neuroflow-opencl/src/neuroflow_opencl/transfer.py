@@ -16,8 +16,9 @@ def from_host(device: Any, array: Any, dtype: Any = None) -> ClArray:
         raise TypeError("the opencl backend has no float16 kernels; convert to float32 first")
     out = empty(device, host.shape, host.dtype)
     if host.size:
-        # pyopencl keeps ``host`` alive until the non-blocking copy has read it
-        device.cl.enqueue_copy(device.queue, out.buffer, host, dst_offset=0, is_blocking=False)
+        # the event keeps ``host`` alive until the copy has read it; held, not dropped (dropping waits)
+        device.keep_until_done(device.cl.enqueue_copy(device.queue, out.buffer, host, dst_offset=0,
+                                                      is_blocking=False))
     return out
 
 
@@ -31,8 +32,8 @@ def write(target: ClArray, array: np.ndarray) -> None:
         return
     if host.size:
         device = target.device
-        device.cl.enqueue_copy(device.queue, target.buffer, host, dst_offset=target.offset * target.itemsize,
-                               is_blocking=False)
+        device.keep_until_done(device.cl.enqueue_copy(device.queue, target.buffer, host,
+                                                      dst_offset=target.offset * target.itemsize, is_blocking=False))
 
 
 def to_host(array: ClArray) -> np.ndarray:

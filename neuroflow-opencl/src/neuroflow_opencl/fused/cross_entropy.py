@@ -12,7 +12,7 @@ from neuroflow_opencl.cdtypes import c_type, preamble
 
 
 @cache
-def _forward_source(dtype: str, label_dtype: str) -> str:
+def _forward_source(dtype: Any, label_dtype: Any) -> str:
     t, lt = c_type(dtype), c_type(label_dtype)
     return preamble(dtype) + f"""__kernel void xent(__global const {t}* logits, long l_off, long l_rs, long l_cs,
                    __global const {lt}* labels, long y_off, long y_s, __global {t}* probs, long p_off,
@@ -52,7 +52,7 @@ def softmax_cross_entropy(device: Any, logits: ClArray, labels: ClArray, probs: 
     n, c = logits.shape
     if not (probs.is_contiguous and row_loss.is_contiguous):
         raise ValueError("softmax_cross_entropy: probs and row_loss must be dense buffers")
-    kernel = device.kernel(_forward_source(str(logits.dtype), str(labels.dtype)), "xent")
+    kernel = device.kernel(_forward_source(logits.dtype, labels.dtype), "xent")
     t = logits.dtype.type
     kernel(device.queue, (n,), None, logits.buffer, np.int64(logits.offset), np.int64(logits.estrides[0]),
            np.int64(logits.estrides[1]), labels.buffer, np.int64(labels.offset), np.int64(labels.estrides[0]),
@@ -62,7 +62,7 @@ def softmax_cross_entropy(device: Any, logits: ClArray, labels: ClArray, probs: 
 
 
 @cache
-def _backward_source(dtype: str, label_dtype: str) -> str:
+def _backward_source(dtype: Any, label_dtype: Any) -> str:
     t, lt = c_type(dtype), c_type(label_dtype)
     return preamble(dtype) + f"""__kernel void xent_grad(__global {t}* probs, long p_off, __global const {lt}* labels,
                         long y_off, long y_s, long c, {t} off_value, {t} hit, {t} scale)
@@ -82,7 +82,7 @@ def softmax_cross_entropy_backward(device: Any, probs: ClArray, labels: ClArray,
     n, c = probs.shape
     if n == 0:
         return probs
-    kernel = device.kernel(_backward_source(str(probs.dtype), str(labels.dtype)), "xent_grad")
+    kernel = device.kernel(_backward_source(probs.dtype, labels.dtype), "xent_grad")
     t = probs.dtype.type
     kernel(device.queue, (n * c,), None, probs.buffer, np.int64(probs.offset), labels.buffer,
            np.int64(labels.offset), np.int64(labels.estrides[0]), np.int64(c), t(smoothing / c),

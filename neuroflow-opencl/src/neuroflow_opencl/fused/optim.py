@@ -19,7 +19,7 @@ def _dense(name: str, **arrays: ClArray) -> None:
 
 
 @cache
-def _adam_source(dtype: str) -> str:
+def _adam_source(dtype: Any) -> str:
     t = c_type(dtype)
     return preamble(dtype) + f"""__kernel void adam(__global {t}* data, long d_off, __global const {t}* grad, long g_off,
                    __global {t}* m, long m_off, __global {t}* v, long v_off, long n,
@@ -51,14 +51,14 @@ def adam_update(device: Any, data: ClArray, grad: ClArray, m: ClArray, v: ClArra
     t = data.dtype.type
     decay = 1.0 - lr * weight_decay if decoupled and weight_decay else 1.0
     l2 = 0.0 if decoupled else weight_decay
-    kernel = device.kernel(_adam_source(str(data.dtype)), "adam")
+    kernel = device.kernel(_adam_source(data.dtype), "adam")
     kernel(device.queue, (n,), None, data.buffer, np.int64(data.offset), grad.buffer, np.int64(grad.offset),
            m.buffer, np.int64(m.offset), v.buffer, np.int64(v.offset), np.int64(n), t(decay), t(l2), t(beta1),
            t(beta2), t(eps * c), t(lr * c / (1.0 - beta1**step)))
 
 
 @cache
-def _sgd_source(dtype: str, momentum: bool, nesterov: bool, first: bool) -> str:
+def _sgd_source(dtype: Any, momentum: bool, nesterov: bool, first: bool) -> str:
     t = c_type(dtype)
     body = [f"    {t} p = data[d_off + i];", f"    {t} g = grad[g_off + i] + wd * p;"]
     if momentum:
@@ -87,7 +87,7 @@ def sgd_update(device: Any, data: ClArray, grad: ClArray, buf: ClArray | None, *
         return
     has_momentum = bool(momentum) and buf is not None
     t = data.dtype.type
-    kernel = device.kernel(_sgd_source(str(data.dtype), has_momentum, bool(nesterov), bool(first)), "sgd")
+    kernel = device.kernel(_sgd_source(data.dtype, has_momentum, bool(nesterov), bool(first)), "sgd")
     target = buf if has_momentum and buf is not None else grad
     kernel(device.queue, (n,), None, data.buffer, np.int64(data.offset), grad.buffer, np.int64(grad.offset),
            target.buffer, np.int64(target.offset), np.int64(n), t(lr), t(momentum), t(dampening), t(weight_decay))
