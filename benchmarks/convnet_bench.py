@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gc
 import importlib.util
 import json
 from collections.abc import Callable
@@ -98,25 +97,7 @@ def worker(case: Case, args: argparse.Namespace) -> None:
         step = torch_stepper(case)
     else:
         step = neuroflow_stepper(case, name)
-    gc.collect()
-    setup = harness.rss_kb()
-    resettable = harness.reset_peak_rss()
-    losses = [step()]
-    first_peak = harness.peak_rss_kb()
-    after_first = harness.rss_kb()
-    harness.reset_peak_rss()
-    losses += [step() for _ in range(2)]
-    for _ in range(args.warmup):
-        step()
-    info.update({
-        "first_losses": losses, "peak_resettable": resettable, "rss_setup_kb": setup,
-        "first_step_rise_kb": first_peak - setup if resettable else None,
-        "later_step_rise_kb": max(harness.peak_rss_kb() - after_first, 0),
-        "openblas_threads": harness.openblas_threads(),
-    })
-    gc.collect()
-    print(json.dumps(info), flush=True)
-    harness.serve_blocks(step)
+    harness.start_worker(step, args.warmup, info)
 
 
 def check_agreement(losses: dict[str, list[float]]) -> None:

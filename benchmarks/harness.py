@@ -7,6 +7,7 @@ can be given its thread count before either library loads.
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import resource
@@ -114,6 +115,31 @@ def serve_blocks(step: Callable[[], object]) -> None:
         for _ in range(steps):
             step()
         print(repr((time.perf_counter() - start) / steps), flush=True)
+
+
+def start_worker(step: Callable[[], float], warmup: int, info: dict[str, Any]) -> None:
+    """A worker's common start: RSS around the first step and the later ones, the first three losses (the
+    parent checks that contenders agree), ``warmup`` untimed steps; then report ``info`` and serve blocks."""
+    gc.collect()
+    setup = rss_kb()
+    resettable = reset_peak_rss()
+    losses = [step()]
+    first_peak = peak_rss_kb()
+    after_first = rss_kb()
+    reset_peak_rss()
+    losses += [step() for _ in range(2)]
+    for _ in range(warmup):
+        step()
+    info.update({
+        "first_losses": losses, "peak_resettable": resettable,
+        "rss_setup_kb": setup, "rss_after_first_step_kb": after_first,
+        "first_step_rise_kb": first_peak - setup if resettable else None,
+        "later_step_rise_kb": max(peak_rss_kb() - after_first, 0),
+        "openblas_threads": openblas_threads(),  # after the first GEMM, so the pool is live
+    })
+    gc.collect()
+    print(json.dumps(info), flush=True)
+    serve_blocks(step)
 
 
 def interleave(blocks: dict[str, Callable[[], float]], rounds: int, pause: float = 0.0) -> dict[str, list[float]]:

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gc
 import importlib.util
 import itertools
-import json
 import math
 import os
 import sys
@@ -223,27 +221,7 @@ def worker(args: argparse.Namespace) -> None:
         torch.set_num_threads(threads)
         info["torch"], info["torch_threads"] = str(torch.__version__), torch.get_num_threads()
     step = STEPPERS[name](initial_weights(), batch_data(batch))
-    gc.collect()
-    setup = harness.rss_kb()
-    resettable = harness.reset_peak_rss()
-    losses = [step()]
-    first_peak = harness.peak_rss_kb()
-    after_first = harness.rss_kb()
-    harness.reset_peak_rss()
-    # The first losses double as a check that all contenders compute the same training step.
-    losses += [step() for _ in range(2)]
-    for _ in range(args.warmup):
-        step()
-    info.update({
-        "first_losses": losses, "peak_resettable": resettable,
-        "rss_setup_kb": setup, "rss_after_first_step_kb": after_first,
-        "first_step_rise_kb": first_peak - setup if resettable else None,
-        "later_step_rise_kb": max(harness.peak_rss_kb() - after_first, 0),
-        "openblas_threads": harness.openblas_threads(),  # after the first GEMM, so the pool is live
-    })
-    gc.collect()
-    print(json.dumps(info), flush=True)
-    harness.serve_blocks(step)
+    harness.start_worker(step, args.warmup, info)
 
 
 def check_agreement(losses: dict[str, list[float]], batch: int) -> None:

@@ -11,8 +11,7 @@ import neuroflow as nf
 from neuroflow import registry
 from neuroflow.testing import gradcheck
 from neuroflow_ops_vision import BasicBlock, ResNet, neuroflow_cnn, resnet18
-
-from .reference import torch_resnet18
+from neuroflow_ops_vision.models.torch_twin import torch_resnet18
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 

@@ -176,13 +176,8 @@ class Operator:
         return np if self._backend is None else self._backend.xp
 
     def fused(self, name: str, like: Any) -> Any:
-        """The backend's fused kernel ``name`` (see ``Backend.kernel``) for arrays like ``like``, or None: run
-        the generic code (also for arrays of another namespace, as a host-side trace of a placed model has)."""
-        if self._backend is None:
-            return None
-        from neuroflow.backends.namespaces import array_namespace  # backends import operators: not at the top
-
-        return self._backend.kernel(name) if array_namespace(like) is self._backend.xp else None
+        """The backend's fused kernel ``name`` for arrays like ``like`` (``Backend.fused``), or None: run the generic code."""
+        return None if self._backend is None else self._backend.fused(name, like)
 
     def to(self, backend: Backend) -> Operator:
         """Move parameters and buffers to ``backend`` and run there from now on."""

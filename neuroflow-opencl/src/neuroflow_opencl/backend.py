@@ -86,6 +86,3 @@ class OpenclBackend(Backend):
 
     def kernel(self, name: str) -> Callable[..., Any] | None:
         return self._kernels.get(name)
-
-    def matmul(self, a: Any, b: Any, out: Any = None) -> Any:
-        return self.xp.matmul(a, b, out=out)

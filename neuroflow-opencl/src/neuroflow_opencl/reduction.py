@@ -17,7 +17,7 @@ import numpy as np
 
 from neuroflow_opencl.array import ClArray, empty, is_array
 from neuroflow_opencl.cdtypes import c_type, preamble
-from neuroflow_opencl.views import Shape, collapse
+from neuroflow_opencl.views import Shape, collapse, contiguous_strides
 
 _COMBINE = {
     "sum": "acc += v;",
@@ -141,17 +141,11 @@ def contract(inputs: Sequence[ClArray], expr: str, kind: str, kept: int, out: Cl
         return
     # Stage 1 writes (parts, outputs) partial results; stage 2 reduces them over ``parts``.
     partial = empty(device, (parts, outputs), acc_dtype)
-    _launch(inputs, expr, kind, oshape, [_dense_strides(oshape), *osets[1:]], rshape, rsets, partial, parts,
+    _launch(inputs, expr, kind, oshape, [contiguous_strides(oshape), *osets[1:]], rshape, rsets, partial, parts,
             acc_dtype, None)
-    partials = partial._view(partial.offset, (*oshape, parts), (*_dense_strides(oshape), outputs))
+    partials = partial._view(partial.offset, (*oshape, parts), (*contiguous_strides(oshape), outputs))
     target = out._view(out.offset, oshape, osets[0])
     contract([partials], "a0", kind, len(oshape), target, scale)
-
-
-def _dense_strides(shape: Shape) -> Shape:
-    from neuroflow_opencl.views import contiguous_strides
-
-    return contiguous_strides(shape)
 
 
 def _parts(outputs: int, count: int, device: Any) -> int:

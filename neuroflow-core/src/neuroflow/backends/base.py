@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from neuroflow.backends.namespaces import array_namespace
 from neuroflow.memory.stats import MemoryStats
 
 
@@ -111,6 +112,11 @@ class Backend:
           ``leaky_relu`` (cached input), ``sigmoid`` and ``tanh`` (cached output)
         """
         return None
+
+    def fused(self, name: str, like: Any) -> Callable[..., Any] | None:
+        """``kernel(name)`` for arrays like ``like``; None for arrays of another namespace (a host-side trace of
+        a model placed on this backend, as ``nf.memory.profile`` makes, must run the generic code)."""
+        return self.kernel(name) if array_namespace(like) is self.xp else None
 
     def matmul(self, a: Any, b: Any, out: Any = None) -> Any:
         """General matrix product; the hot path of Linear and convolution."""

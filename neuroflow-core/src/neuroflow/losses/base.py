@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuroflow.backends.namespaces import array_namespace
 from neuroflow.memory.buffers import BufferPool
 
 
@@ -21,11 +20,8 @@ class Loss:
     backend: Any = None  # set by the Trainer; its fused kernels replace the generic code where it has them
 
     def fused(self, name: str, like: Any) -> Any:
-        """The backend's fused kernel ``name`` for arrays like ``like``; None for arrays of another namespace
-        (``nf.memory.profile`` traces on the host whatever device the Trainer uses)."""
-        if self.backend is None or array_namespace(like) is not self.backend.xp:
-            return None
-        return self.backend.kernel(name)
+        """The backend's fused kernel ``name`` for arrays like ``like`` (``Backend.fused``), or None."""
+        return None if self.backend is None else self.backend.fused(name, like)
 
     def forward(self, pred: Any, target: Any) -> float:
         raise NotImplementedError

@@ -92,9 +92,7 @@ class Optimizer:
 
     def fused(self, name: str) -> Any:
         """The backend's fused kernel ``name`` when the Trainer placed this optimizer on one, else None."""
-        if self.backend is None or self._xp is not self.backend.xp:
-            return None
-        return self.backend.kernel(name)
+        return None if self.backend is None else self.backend.fused(name, self.flat.data)
 
     def bind(self, flat: FlatParameters) -> None:
         """Attach to ``flat`` and allocate zeroed state and scratch buffers; the step count restarts at 0.
