@@ -242,7 +242,7 @@ class Trainer(MemoryRuntime):
                 raise NonFiniteLossError(self.step + 1, value, self._first_nonfinite_layer(xd))
             if self._classification:
                 # the logits are small ((batch, classes)): counting on the host costs one read, no launches
-                correct += int((np.asarray(backend.to_host(out)).argmax(axis=1) == y).sum())
+                correct += int((backend.to_host(out).argmax(axis=1) == y).sum())
             g = loss_fn.backward(scale=len(x) / total)
             gx = model.backward(g)
             if tracer is not None:
@@ -429,7 +429,7 @@ class Trainer(MemoryRuntime):
                 loss_sum += self.loss.forward(out, yd) * len(x)
                 if self._classification:
                     # the logits are small ((batch, classes)): counting on the host costs one read, no launches
-                    correct += int((np.asarray(backend.to_host(out)).argmax(axis=1) == y).sum())
+                    correct += int((backend.to_host(out).argmax(axis=1) == y).sum())
                 seen += len(x)
         finally:
             model.train(was_training)
