@@ -52,6 +52,11 @@ class Operator:
     #: Set to False by the runtime on a model's first layer, whose input needs no gradient;
     #: ops that honour it return None from backward and skip that work.
     needs_input_grad: bool = True
+    #: Whether backward reads the array forward was given (or a view of it). False lets the memory planner
+    #: give the input's memory to later buffers once its producer is done with it too (see Sequential).
+    backward_reads_input: bool = True
+    #: Whether backward reads the array forward returned. False: the output dies with its consumers.
+    backward_reads_output: bool = True
     _parameters: dict[str, Tensor]
     _buffers: dict[str, Tensor]
     _children: dict[str, Operator]

@@ -60,6 +60,7 @@ class ReLU(_Elementwise):
     """max(x, 0); caches its output (positive where the input was)."""
 
     fused_name = "relu"
+    backward_reads_input = False
 
     def _forward(self, x: Any, y: Any) -> Any:
         self.xp.maximum(x, 0, out=y)
@@ -74,6 +75,8 @@ class ReLU(_Elementwise):
 
 class LeakyReLU(_Elementwise):
     """x for x > 0, ``negative_slope`` · x otherwise."""
+
+    backward_reads_output = False
 
     def __init__(self, negative_slope: float = 0.01) -> None:
         super().__init__()
@@ -105,6 +108,7 @@ class Sigmoid(_Elementwise):
     """1 / (1 + e⁻ˣ), computed as ½(1 + tanh(x/2)) so it never overflows."""
 
     fused_name = "sigmoid"
+    backward_reads_input = False
 
     def _forward(self, x: Any, y: Any) -> Any:
         xp = self.xp
@@ -125,6 +129,7 @@ class Tanh(_Elementwise):
     """Hyperbolic tangent; caches its output."""
 
     fused_name = "tanh"
+    backward_reads_input = False
 
     def _forward(self, x: Any, y: Any) -> Any:
         self.xp.tanh(x, out=y)
@@ -145,6 +150,8 @@ class GELU(_Elementwise):
 
     ½x(1 + tanh(√(2/π)(x + 0.044715x³))); caches the input.
     """
+
+    backward_reads_output = False
 
     def _forward(self, x: Any, y: Any) -> Any:
         xp = self.xp

@@ -23,6 +23,8 @@ class Linear(Operator):
         gx = layer.backward(gy)     # fills layer.weight.grad and layer.bias.grad
     """
 
+    backward_reads_output = False
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: Any = np.float32) -> None:
         super().__init__()
         if in_features <= 0 or out_features <= 0:
