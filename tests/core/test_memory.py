@@ -253,3 +253,89 @@ def test_caching_allocator_reuses_size_classes():
     b = cache.allocate((90,), np.float32)
     assert cache.stats().allocations == 1 and b.base is not None
     assert np.shares_memory(a, b)
+
+
+class Reshaped(nf.Operator):
+    """A view of its input (like Flatten) that declares its backward reads neither input nor output."""
+
+    backward_reads_input = False
+    backward_reads_output = False
+
+    def forward(self, x):
+        self._shape = x.shape
+        return x.reshape(x.shape[0], -1)
+
+    def backward(self, grad_out):
+        return grad_out.reshape(self._shape)
+
+
+def dropping_chain(seed=0):
+    nf.manual_seed(seed)
+    return nf.Sequential(
+        ops.Linear(20, 64), ops.ReLU(),  # Linear's output: read by no backward once ReLU ran
+        ops.Linear(64, 64), Reshaped(), ops.Linear(64, 32),  # a view of Linear's output, read by the next Linear
+        ops.Tanh(), ops.Sigmoid(),  # Tanh's output: Tanh's backward reads it
+        nf.Sequential(ops.Linear(32, 32), ops.LeakyReLU(0.1)), ops.Linear(32, 5),  # LeakyReLU reads its input
+    )
+
+
+def _slots_by_owner(plan):
+    return {(id(s.owner), s.key): s for s in plan.slots}
+
+
+def test_an_output_no_backward_reads_dies_when_its_consumer_has_read_it():
+    x, y = data(48, 20, 5)
+    runs = []
+    for allocator in ("arena", "direct"):
+        trainer = nf.Trainer(dropping_chain(), optimizer=nf.optim.SGD(lr=0.1, momentum=0.9), batch_size=16, seed=1,
+                             allocator=allocator, progress=False)
+        trainer.fit((x, y), epochs=3)
+        runs.append([p.data.copy() for p in trainer.model.parameters()])
+        if allocator == "arena":
+            model, slots = trainer.model, _slots_by_owner(trainer._plan)
+            first_backward = min(s.start for s in trainer._plan.slots if s.key == "gx")
+            dropped = slots[id(model[0]), "y"]
+            assert dropped.dropped_at >= 0 and dropped.end < first_backward  # dies in forward, after ReLU
+            for layer in (model[2], model[5], model[7][0]):  # viewed and read by a Linear; read by Tanh; LeakyReLU
+                assert slots[id(layer), "y"].dropped_at < 0 and slots[id(layer), "y"].end > first_backward
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)  # the memory reused after a drop was never read again
+
+
+def test_dropping_shrinks_the_arena_of_a_conv_style_chain():
+    """Linear → ReLU → Linear → ReLU: each Linear output is dead after its ReLU; without the declarations it is not."""
+    x, y = data(64, 784, 10)
+    arenas = {}
+    for declared in (True, False):
+        model = mlp(2, 256)
+        if not declared:
+            for layer in model:
+                if isinstance(layer, ops.Linear):
+                    layer.backward_reads_output = True
+        trainer = nf.Trainer(model, optimizer=nf.optim.SGD(lr=0.1), batch_size=64, seed=1, progress=False)
+        trainer.train_step(x, y)
+        arenas[declared] = trainer._plan.arena_bytes
+    assert arenas[True] < arenas[False]
+
+
+class RereadsOutput(nf.Operator):
+    """Wrongly declares that backward does not read its output, then asks the pool for it again."""
+
+    backward_reads_output = False
+
+    def forward(self, x):
+        y = self.buffer("y", x.shape, x.dtype)
+        self.xp.multiply(x, 2.0, out=y)
+        return y
+
+    def backward(self, grad_out):
+        y = self.buffer("y", grad_out.shape, grad_out.dtype)
+        return grad_out * (y > 0)
+
+
+def test_an_op_that_rereads_a_dropped_output_is_refused_by_name():
+    x, y = data(16, 8, 3)
+    trainer = nf.Trainer(nf.Sequential(ops.Linear(8, 8), RereadsOutput(), ops.ReLU(), ops.Linear(8, 3)),
+                         batch_size=16, progress=False)
+    with pytest.raises(RuntimeError, match=r"RereadsOutput.*asked for its buffer 'y' again after its output was dropped"):
+        trainer.train_step(x, y)

@@ -38,7 +38,18 @@ class Sequential(Operator):
         self.layers: list[Operator] = list(layers)
         self._input_shapes: list[tuple[int, ...]] = []
 
+    @property
+    def backward_reads_input(self) -> bool:  # type: ignore[override]
+        return not self.layers or self.layers[0].backward_reads_input
+
+    @property
+    def backward_reads_output(self) -> bool:  # type: ignore[override]
+        return not self.layers or self.layers[-1].backward_reads_output
+
     def forward(self, x: Any) -> Any:
+        pool = self._pool
+        if pool is not None and pool.tracing:
+            return self._traced_forward(x, pool)
         if debug.enabled():
             self._input_shapes = []
             for layer in self.layers:
@@ -47,6 +58,16 @@ class Sequential(Operator):
             return x
         for layer in self.layers:
             x = layer.forward(x)
+        return x
+
+    def _traced_forward(self, x: Any, pool: Any) -> Any:
+        """Forward while the pool traces: a layer output that no backward reads dies after its consumer's forward."""
+        producer: Operator | None = None
+        for layer in self.layers:
+            y = layer.forward(x)
+            if producer is not None and not producer.backward_reads_output and not layer.backward_reads_input:
+                pool.drop(x, y)
+            producer, x = layer, y
         return x
 
     def backward(self, grad_out: Any) -> Any:

@@ -55,6 +55,7 @@ class BatchNorm2d(Operator):
         self.num_features, self.eps = num_features, float(eps)
         self.momentum = None if momentum is None else float(momentum)
         self.affine, self.track_running_stats, self.activation = bool(affine), bool(track_running_stats), activation
+        self.backward_reads_output = bool(activation)  # the fused ReLU's mask is the output
         self.layout = check_layout(layout, "BatchNorm2d")
         if self.affine:
             self.weight = Tensor(np.ones(num_features, dtype), requires_grad=True)

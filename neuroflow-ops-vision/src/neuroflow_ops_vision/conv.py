@@ -65,6 +65,8 @@ class Conv2d(ChannelsLastOperator):
         gx = conv.backward(gy)     # fills conv.weight.grad and conv.bias.grad
     """
 
+    backward_reads_output = False
+
     def __init__(
         self,
         in_channels: int,

@@ -29,6 +29,9 @@ def _with_spatial(shape: tuple[int, ...], hw: tuple[int, int], layout: str) -> t
 class _WindowPool(Operator):
     """Shared plumbing of the windowed pools: geometry, checks, padding, and the backward scatter."""
 
+    backward_reads_input = False  # backward scatters from the input's shape (and max-pool's argmax) alone
+    backward_reads_output = False
+
     def __init__(self, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool, layout: str) -> None:
         super().__init__()
         name = type(self).__name__
@@ -130,6 +133,7 @@ class MaxPool2d(_WindowPool):
         if activation not in (None, "relu"):
             raise ValueError(f"MaxPool2d: activation must be None or 'relu'; got {activation!r}")
         self.activation = activation
+        self.backward_reads_output = activation == "relu"  # the fused ReLU's mask is the output
         taps = self.kernel_size[0] * self.kernel_size[1]
         self._index_dtype = np.uint8 if taps <= 255 else np.int32
         self._argmax: Any = None
@@ -261,6 +265,9 @@ class GlobalAvgPool2d(Operator):
     Used before the classifier of ResNet and NeuroFlow-CNN (PyTorch's
     ``AdaptiveAvgPool2d(1)`` followed by ``Flatten``).
     """
+
+    backward_reads_input = False
+    backward_reads_output = False
 
     def __init__(self, keepdims: bool = False, layout: str = "NCHW") -> None:
         super().__init__()

@@ -12,6 +12,11 @@ derived from two events that composites report while tracing:
 - ``keep(array)`` … ``release(array, kept=True)``: a composite reads
   ``array`` (its ``grad_out``) again after handing it to a child (a
   residual's shortcut), so the child's handoff does not end it.
+- ``drop(array)``: a forward output that neither its producer's nor its
+  consumer's backward reads (``backward_reads_output`` and
+  ``backward_reads_input`` false) is dead once the consumer's forward
+  returned, though its producer lives on (a convolution's output after
+  the ReLU that read it).
 
 A buffer handed out of a backward and never released lives to the end of
 the step, so an operator that reports nothing is planned safely, only less
@@ -53,6 +58,7 @@ class Slot:
     end: int = -1
     escaped: bool = False
     released_at: int = -1
+    dropped_at: int = -1
     transient: bool = False
     retired_at: int = -1
     index: int = 0
@@ -100,6 +106,12 @@ class TracingPool:
                 if known.transient or known.escaped:  # asked for again after its memory went back: it lives on
                     known.retired_at = -1
                     return self._hold(known, shape, dtype)
+                if known.dropped_at >= 0:
+                    raise RuntimeError(
+                        f"{owner!r} asked for its buffer {key!r} again after its output was dropped; an op whose "
+                        "backward reads its output (through the pool or otherwise) must keep backward_reads_output "
+                        "True"
+                    )
             self.reused_key = (repr(owner), key)
         slot = Slot(owner, key, tuple(shape), np.dtype(dtype), math.prod(shape) * np.dtype(dtype).itemsize,
                     self._tick(), self.phase, index=len(self.slots))
@@ -210,6 +222,15 @@ class TracingPool:
         if slot.escaped and not slot.transient and not self._kept.get(slot.index, 0):
             self._recycle(slot)
 
+    def drop(self, output: Any, consumer_result: Any) -> None:
+        """``output`` (a layer's forward result) is read by nobody after its consumer's forward returned
+        ``consumer_result``: its memory may serve the next request, unless the result is a view of it."""
+        slot = self._slot_of(output)
+        if slot is None or slot.escaped or slot.transient or slot is self._slot_of(consumer_result):
+            return
+        slot.dropped_at = self._tick()
+        self._recycle(slot)
+
     def done(self, owner: Any) -> None:
         """``owner`` will read none of its buffers again in this step (losses, the root model)."""
         self.handoff(None, None, owner)
@@ -223,6 +244,8 @@ class TracingPool:
                 slot.end = slot.retired_at
             elif slot.escaped:
                 slot.end = slot.released_at if slot.released_at >= 0 else end_of_step
+            elif slot.dropped_at >= 0:
+                slot.end = slot.dropped_at
             else:
                 slot.end = max(done, slot.released_at)
             slot.end = max(slot.end, slot.start)
