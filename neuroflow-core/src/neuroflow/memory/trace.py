@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+import mmap
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,8 +84,9 @@ class TracingPool:
         self.reused_key: tuple[str, str] | None = None
         self._arrays: list[Any] = []
         self._by_array: dict[int, Slot] = {}
-        # Memory is a few 1-D base arrays; a slot holds a range of one (split from a free range, merged back
-        # with its free neighbours when it dies), so dead small buffers can serve a later large one.
+        # Memory is a few 1-D byte arrays (on the host, one reservation the size of physical memory that costs only
+        # the pages it touches); a slot holds a byte range of one (split from a free range, merged back with its
+        # free neighbours when it dies), so dead small buffers of any dtype can serve a later large one.
         self._bases: list[Any] = []
         self._blocks: dict[int, tuple[int, int, int]] = {}  # slot index -> (base, start, stop) while it holds one
         self._free: list[tuple[int, int, int]] = []  # ranges of dead buffers, for later requests
@@ -135,23 +138,26 @@ class TracingPool:
             self._recycle(slot)
 
     def _hold(self, slot: Slot, shape: tuple[int, ...], dtype: Any) -> Any:
-        """Give ``slot`` memory: the smallest free range that fits, else a new base array."""
+        """Give ``slot`` memory: the lowest free byte range that fits (first fit, as the planner places
+        buffers in request order), else a new base."""
         dtype = np.dtype(dtype)
-        size = -(-max(math.prod(shape), 1) * dtype.itemsize // ALIGNMENT) * ALIGNMENT // dtype.itemsize
-        fits = [i for i, (b, lo, hi) in enumerate(self._free) if self._bases[b].dtype == dtype and hi - lo >= size]
+        count = math.prod(shape)
+        size = -(-max(count, 1) * dtype.itemsize // ALIGNMENT) * ALIGNMENT
+        fits = [i for i, (_, lo, hi) in enumerate(self._free) if hi - lo >= size]
         if fits:
-            base, lo, hi = self._free.pop(min(fits, key=lambda i: self._free[i][2] - self._free[i][1]))
+            base, lo, hi = self._free.pop(min(fits, key=lambda i: self._free[i][:2]))
             if hi > lo + size:
                 self._free.append((base, lo + size, hi))
         else:
-            # At least a quarter of what is held already: later neighbours then share a base and merge when they
-            # die, and the untouched tail costs no resident memory (ResNet-18, batch 32: first-step RSS 237 -> 211 MiB).
-            total = max(size, sum(b.shape[0] for b in self._bases if b.dtype == dtype) // 4)
             base, lo = len(self._bases), 0
-            self._bases.append(self.xp.empty(total, dtype))
-            if total > size:
-                self._free.append((base, size, total))
-        array = self._bases[base][lo:lo + math.prod(shape)].reshape(shape)
+            held = sum(b.shape[0] for b in self._bases)
+            memory = _reserved_bytes(self.xp, size) if not self._bases else None
+            # Else at least a quarter of what is held already: later neighbours then share a base and merge when
+            # they die, and the untouched tail costs no resident memory.
+            self._bases.append(memory if memory is not None else self.xp.empty(max(size, held // 4), np.uint8))
+            if self._bases[base].shape[0] > size:
+                self._free.append((base, size, self._bases[base].shape[0]))
+        array = self._bases[base][lo:lo + count * dtype.itemsize].view(dtype).reshape(shape)
         slot.address = _address(array)
         old = self._arrays[slot.index]
         if old is not None:
@@ -283,6 +289,21 @@ class TracingPool:
         self._bases.clear()
         if self.xp is np:
             _trim_heap()
+
+
+def _reserved_bytes(xp: Any, least: int) -> Any:
+    """On the host, one byte array as large as physical memory that costs only the pages it touches, so the
+    traced step's first-fit placement is bounded by what it uses, not by how bases were cut; None elsewhere
+    (a device allocates what it is asked for) or where the OS will not reserve it."""
+    if xp is not np or not hasattr(mmap, "MAP_PRIVATE") or not hasattr(os, "sysconf"):
+        return None
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0) | getattr(mmap, "MAP_NORESERVE", 0)
+        memory = mmap.mmap(-1, max(physical, least), flags=flags)
+    except (OSError, ValueError, OverflowError):
+        return None
+    return np.frombuffer(memory, np.uint8)
 
 
 def _trim_heap() -> None:
