@@ -130,11 +130,11 @@ memory_budget_mb = {budget}
 
 [model]
 layers = [
-    {{ type = "Linear", in_features = 8, out_features = 512 }},
+    {{ type = "Linear", in_features = 8, out_features = 4096 }},
     {{ type = "ReLU" }},
-    {{ type = "Linear", in_features = 512, out_features = 512 }},
+    {{ type = "Linear", in_features = 4096, out_features = 64 }},
     {{ type = "ReLU" }},
-    {{ type = "Linear", in_features = 512, out_features = 4 }},
+    {{ type = "Linear", in_features = 64, out_features = 4 }},
 ]
 
 [data]
@@ -178,7 +178,7 @@ class SteadyStatePeak:
 def test_train_with_a_budget_says_what_it_chose_and_stays_under_it(tmp_path, capsys):
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "train.npz", x=rng.standard_normal((512, 8)).astype(np.float32), y=rng.integers(0, 4, 512))
-    layers = [ops.Linear(8, 512), ops.ReLU(), ops.Linear(512, 512), ops.ReLU(), ops.Linear(512, 4)]
+    layers = [ops.Linear(8, 4096), ops.ReLU(), ops.Linear(4096, 64), ops.ReLU(), ops.Linear(64, 4)]
     # room for batch 128 × accumulation 2 (and the input pipeline's few KiB), not for batch 256 at once
     fits_128x2 = 1.02 * nf.memory.profile(nf.Sequential(*layers), (128, 8), optimizer=nf.optim.AdamW(),
                                           gradient_accumulation_steps=2).predicted_peak_bytes

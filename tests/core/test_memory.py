@@ -296,8 +296,13 @@ def test_an_output_no_backward_reads_dies_when_its_consumer_has_read_it():
             first_backward = min(s.start for s in trainer._plan.slots if s.key == "gx")
             dropped = slots[id(model[0]), "y"]
             assert dropped.dropped_at >= 0 and dropped.end < first_backward  # dies in forward, after ReLU
-            for layer in (model[2], model[5], model[7][0]):  # viewed and read by a Linear; read by Tanh; LeakyReLU
-                assert slots[id(layer), "y"].dropped_at < 0 and slots[id(layer), "y"].end > first_backward
+            tanh = slots[id(model[5]), "y"]  # Tanh's backward reads its output
+            assert tanh.dropped_at < 0 and tanh.end > first_backward
+            # Read by the backward of LeakyReLU, and (through a view) of the Linear after Reshaped: each dies when
+            # that reader is done, before the Linear that made it runs its backward.
+            for producer in (model[7][0], model[2]):
+                tied, made_by = slots[id(producer), "y"], slots[id(producer), "gx"]
+                assert first_backward < tied.dropped_at == tied.end < made_by.start
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)  # the memory reused after a drop was never read again
 

@@ -61,12 +61,13 @@ class Sequential(Operator):
         return x
 
     def _traced_forward(self, x: Any, pool: Any) -> Any:
-        """Forward while the pool traces: a layer output that no backward reads dies after its consumer's forward."""
+        """Forward while the pool traces: a layer output its producer's backward does not read dies with its
+        consumer, after the consumer's forward or, when the consumer's backward reads it, after that."""
         producer: Operator | None = None
         for layer in self.layers:
             y = layer.forward(x)
-            if producer is not None and not producer.backward_reads_output and not layer.backward_reads_input:
-                pool.drop(x, y)
+            if producer is not None and not producer.backward_reads_output:
+                pool.drop(x, y, layer if layer.backward_reads_input else None)
             producer, x = layer, y
         return x
 

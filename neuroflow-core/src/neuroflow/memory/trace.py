@@ -12,11 +12,11 @@ derived from two events that composites report while tracing:
 - ``keep(array)`` … ``release(array, kept=True)``: a composite reads
   ``array`` (its ``grad_out``) again after handing it to a child (a
   residual's shortcut), so the child's handoff does not end it.
-- ``drop(array)``: a forward output that neither its producer's nor its
-  consumer's backward reads (``backward_reads_output`` and
-  ``backward_reads_input`` false) is dead once the consumer's forward
-  returned, though its producer lives on (a convolution's output after
-  the ReLU that read it).
+- ``drop(array, result, reader)``: a forward output that its producer's
+  backward does not read (``backward_reads_output`` false) dies with its
+  consumer: at once when the consumer's backward does not read it either
+  (a convolution's output after the ReLU that read it), else when the
+  consumer is done (a max-pool's output after the convolution it feeds).
 
 A buffer handed out of a backward and never released lives to the end of
 the step, so an operator that reports nothing is planned safely, only less
@@ -92,6 +92,7 @@ class TracingPool:
         self._free: list[tuple[int, int, int]] = []  # ranges of dead buffers, for later requests
         self._owned: dict[int, list[Slot]] = {}  # id(module) -> its slots, until the module is done
         self._kept: dict[int, int] = {}  # slot index -> how many composites will read it again
+        self._tied: dict[int, list[Slot]] = {}  # id(module) -> outputs whose last reader it is
 
     def _tick(self) -> int:
         self.time += 1
@@ -201,8 +202,12 @@ class TracingPool:
         if source is not None and source is not result:
             source.released_at = max(source.released_at, now)
             self._end_gradient(source)
-        # A finished operator reads its own buffers no more; a gradient it handed out ends when consumed.
+        # A finished operator reads its own buffers no more, nor the outputs tied to it as their last reader;
+        # a gradient it handed out ends when consumed.
         for module_id in finished:
+            for slot in self._tied.pop(module_id, []):
+                if not slot.escaped:
+                    self._end_dropped(slot)
             for slot in self._owned.pop(module_id, []):
                 if not slot.escaped and not slot.transient:
                     self._recycle(slot)
@@ -228,12 +233,20 @@ class TracingPool:
         if slot.escaped and not slot.transient and not self._kept.get(slot.index, 0):
             self._recycle(slot)
 
-    def drop(self, output: Any, consumer_result: Any) -> None:
-        """``output`` (a layer's forward result) is read by nobody after its consumer's forward returned
-        ``consumer_result``: its memory may serve the next request, unless the result is a view of it."""
+    def drop(self, output: Any, consumer_result: Any, reader: Any = None) -> None:
+        """``output``, a layer's forward result that its producer's backward does not read, was just read by
+        its consumer's forward, which returned ``consumer_result``. With ``reader`` (the consumer, whose
+        backward reads its input) the output dies when the reader is done; without, it dies now, unless the
+        result is a view of it. Either way its producer, which lives on, no longer holds it."""
         slot = self._slot_of(output)
-        if slot is None or slot.escaped or slot.transient or slot is self._slot_of(consumer_result):
+        if slot is None or slot.escaped or slot.transient:
             return
+        if reader is not None:
+            self._tied.setdefault(id(reader), []).append(slot)
+        elif slot is not self._slot_of(consumer_result):
+            self._end_dropped(slot)
+
+    def _end_dropped(self, slot: Slot) -> None:
         slot.dropped_at = self._tick()
         self._recycle(slot)
 

@@ -29,6 +29,10 @@ class _Elementwise(Operator):
         self._cache = self._forward(x, y)
         return y
 
+    #: Whether backward may write the input gradient over the cached array: true where the cache is the op's own
+    #: output, which only its backward reads by then (every consumer's backward ran first).
+    gradient_over_cache = False
+
     def backward(self, grad_out: Any) -> Any:
         if self._cache is None:
             raise RuntimeError(f"{self!r}.backward called before forward")
@@ -36,7 +40,12 @@ class _Elementwise(Operator):
             from neuroflow.errors import ShapeError
 
             raise ShapeError(f"{self!r}.backward got gradient of shape {grad_out.shape}; expected {self._cache.shape}")
-        gx = self.buffer("gx", grad_out.shape, grad_out.dtype)
+        # Under a pool (the Trainer, which reads the model's output before backward), the cached output is
+        # dead after this call: the gradient takes its memory instead of a buffer of its own.
+        if self.gradient_over_cache and self._pool is not None:
+            gx = self._cache
+        else:
+            gx = self.buffer("gx", grad_out.shape, grad_out.dtype)
         fused = self.fused("activation_backward", grad_out) if self.fused_name else None
         if fused is not None:
             fused(self._cache, grad_out, gx, self.fused_name, self.fused_slope)
@@ -61,6 +70,7 @@ class ReLU(_Elementwise):
 
     fused_name = "relu"
     backward_reads_input = False
+    gradient_over_cache = True
 
     def _forward(self, x: Any, y: Any) -> Any:
         self.xp.maximum(x, 0, out=y)
