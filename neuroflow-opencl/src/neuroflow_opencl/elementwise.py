@@ -10,7 +10,7 @@ last (collapsed) dimension and split only the row index into the other
 dimensions, in 32-bit arithmetic when the sizes allow: on pocl the per-element
 64-bit divisions of one work item per element made a 7-d im2col copy run at
 ~55 M elements/s. Offsets, strides and sizes reach a kernel in one ``Device.constants``
-buffer, not as scalar arguments (pocl sets each of those in ~9 µs).
+buffer, scalar operands in another, not as scalar arguments (pocl sets each of those in ~9 µs).
 """
 
 from __future__ import annotations
@@ -120,7 +120,6 @@ class _Plan:
                  items: int, stride_args: list[tuple[int, ...]], shape_args: tuple[int, ...]) -> None:
         self.shape, self.dtype, self.compute, self.source, self.total = shape, dtype, compute, source, total
         self.items, self.stride_args, self.shape_args = items, stride_args, shape_args
-        self.scalar = compute.type
 
     def launch(self, out: ClArray, operands: tuple[Any, ...]) -> None:
         if not self.total:
@@ -128,6 +127,7 @@ class _Plan:
         strides = self.stride_args
         args: list[Any] = [out.buffer]
         longs = [out.offset, *strides[0]]
+        scalars = []
         k = 1
         for op in operands:
             if isinstance(op, ClArray):
@@ -135,9 +135,11 @@ class _Plan:
                 longs += [op.offset, *strides[k]]
                 k += 1
             else:
-                args.append(self.scalar(op))
+                scalars.append(op)
         device = out.device
         args.append(device.constants((*longs, *self.shape_args)))
+        if scalars:
+            args.append(device.constants(tuple(scalars), self.compute))
         device.kernel(*self.source)(device.queue, (self.items,), None, *args)
 
 
@@ -232,10 +234,11 @@ def _source(expr: str, out_dtype: np.dtype, compute: np.dtype, kinds: tuple[np.d
     longs = ["out_off", *_stride_params("out", patterns[0], ndim)]  # read from P, in the order launch packs them
     names = ["out"]
     loads = []
+    scalars = []
     p = 1
     for i, kind in enumerate(kinds):
         if kind is None:
-            params.append(f"{ct} a{i}")
+            scalars.append(f"    const {ct} a{i} = S[{len(scalars)}];")
             continue
         params.append(f"__global const {c_type(kind)}* p{i}")
         longs += [f"p{i}_off", *_stride_params(f"p{i}", patterns[p], ndim)]
@@ -249,7 +252,9 @@ def _source(expr: str, out_dtype: np.dtype, compute: np.dtype, kinds: tuple[np.d
     if strided:
         longs += [f"n{d}_arg" for d in range(ndim)] + ["blocks_arg", "run_arg"]
     params.append("__global const long* restrict P")
-    lines = [f"    const long {name} = P[{i}];" for i, name in enumerate(longs)]
+    if scalars:  # scalar operands come from a cached buffer too: pocl sets a scalar argument in ~9 µs
+        params.append(f"__global const {ct}* restrict S")
+    lines = [f"    const long {name} = P[{i}];" for i, name in enumerate(longs)] + scalars
     if not strided:
         lines += ["    long gid = get_global_id(0);", *(f"    {line}" for line in loads), f"    {store}"]
     else:

@@ -1,15 +1,23 @@
-"""Optimizer updates over the flat parameter buffer: one kernel for all parameters."""
+"""Optimizer updates over the flat parameter buffer: one kernel for all parameters.
+
+A work item updates one vector of ``lanes`` elements (64 bytes, an AVX-512 register) with explicit vector
+loads and stores, and the tail element by element: pocl left the one-element-per-item form scalar (its
+sqrt and division), measured 355 µs for the MLP's 109k-parameter Adam step against 76 µs vectorised.
+Offsets and sizes come from a cached buffer, the hyperparameters from a buffer made per launch (their
+bias corrections change every step): pocl charges ~9 µs per scalar kernel argument.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-import numpy as np
-
 from neuroflow_opencl.array import ClArray
 from neuroflow_opencl.cdtypes import c_type, preamble
+
+VECTOR_BYTES = 64
 
 
 def _dense(name: str, **arrays: ClArray) -> None:
@@ -18,24 +26,54 @@ def _dense(name: str, **arrays: ClArray) -> None:
             raise ValueError(f"{name}: {key} must be a dense 1-D buffer (a FlatParameters view)")
 
 
+def _lanes(dtype: Any) -> int:
+    return VECTOR_BYTES // dtype.itemsize
+
+
+#: Writes one update: (type, load(array) -> expression, store(array, value) -> statement) -> C statements.
+Update = Callable[[str, Callable[[str], str], Callable[[str, str], str]], list[str]]
+
+
+def _vectorised(name: str, dtype: Any, params: str, setup: str, update: Update) -> str:
+    """A kernel whose work item applies ``update`` to one vector of elements, or to the tail one by one."""
+    t, lanes = c_type(dtype), _lanes(dtype)
+    vector = update(f"{t}{lanes}", lambda a: f"vload{lanes}(0, {a} + i)", lambda a, x: f"vstore{lanes}({x}, 0, {a} + i);")
+    scalar = update(t, lambda a: f"{a}[i]", lambda a, x: f"{a}[i] = {x};")
+    return preamble(dtype) + f"""__kernel void {name}({params}, __global const long* restrict P,
+                   __global const {t}* restrict F)
+{{
+    const long n = P[0];
+{setup}
+    const long start = (long)get_global_id(0) * {lanes};
+    if (start + {lanes} <= n) {{
+        const long i = start;
+{_indent(vector, 8)}
+    }} else {{
+        for (long i = start; i < n; ++i) {{
+{_indent(scalar, 12)}
+        }}
+    }}
+}}
+"""
+
+
+def _indent(lines: list[str], spaces: int) -> str:
+    return "\n".join(" " * spaces + line for line in lines)
+
+
 @cache
 def _adam_source(dtype: Any) -> str:
     t = c_type(dtype)
-    return preamble(dtype) + f"""__kernel void adam(__global {t}* data, long d_off, __global const {t}* grad, long g_off,
-                   __global {t}* m, long m_off, __global {t}* v, long v_off, long n,
-                   {t} decay, {t} l2, {t} b1, {t} b2, {t} eps_c, {t} step)
-{{
-    long i = get_global_id(0);
-    if (i >= n) return;
-    {t} p = data[d_off + i];
-    {t} g = grad[g_off + i] + l2 * p;
-    {t} mi = b1 * m[m_off + i] + (1 - b1) * g;
-    {t} vi = b2 * v[v_off + i] + (1 - b2) * (g * g);
-    m[m_off + i] = mi;
-    v[v_off + i] = vi;
-    data[d_off + i] = p * decay - step * (mi / (sqrt(vi) + eps_c));
-}}
-"""
+    params = f"__global {t}* data, __global const {t}* grad, __global {t}* m, __global {t}* v"
+    setup = f"""    data += P[1]; grad += P[2]; m += P[3]; v += P[4];
+    const {t} decay = F[0], l2 = F[1], b1 = F[2], b2 = F[3], eps_c = F[4], step = F[5];"""
+
+    def update(t: str, load: Callable[[str], str], store: Callable[[str, str], str]) -> list[str]:
+        return [f"{t} p = {load('data')};", f"{t} g = {load('grad')} + l2 * p;",
+                f"{t} mi = b1 * {load('m')} + (1 - b1) * g;", f"{t} vi = b2 * {load('v')} + (1 - b2) * (g * g);",
+                store("m", "mi"), store("v", "vi"), store("data", "p * decay - step * (mi / (sqrt(vi) + eps_c))")]
+
+    return _vectorised("adam", dtype, params, setup, update)
 
 
 def adam_update(device: Any, data: ClArray, grad: ClArray, m: ClArray, v: ClArray, *, lr: float, beta1: float,
@@ -48,34 +86,30 @@ def adam_update(device: Any, data: ClArray, grad: ClArray, m: ClArray, v: ClArra
     if not n:
         return
     c = math.sqrt(1.0 - beta2**step)
-    t = data.dtype.type
     decay = 1.0 - lr * weight_decay if decoupled and weight_decay else 1.0
     l2 = 0.0 if decoupled else weight_decay
     kernel = device.kernel(_adam_source(data.dtype), "adam")
-    kernel(device.queue, (n,), None, data.buffer, np.int64(data.offset), grad.buffer, np.int64(grad.offset),
-           m.buffer, np.int64(m.offset), v.buffer, np.int64(v.offset), np.int64(n), t(decay), t(l2), t(beta1),
-           t(beta2), t(eps * c), t(lr * c / (1.0 - beta1**step)))
+    offsets = device.constants((n, data.offset, grad.offset, m.offset, v.offset))
+    hyper = device.arguments((decay, l2, beta1, beta2, eps * c, lr * c / (1.0 - beta1**step)), data.dtype)
+    kernel(device.queue, (-(-n // _lanes(data.dtype)),), None, data.buffer, grad.buffer, m.buffer, v.buffer,
+           offsets, hyper)
 
 
 @cache
 def _sgd_source(dtype: Any, momentum: bool, nesterov: bool, first: bool) -> str:
     t = c_type(dtype)
-    body = [f"    {t} p = data[d_off + i];", f"    {t} g = grad[g_off + i] + wd * p;"]
-    if momentum:
-        body.append(f"    {t} b = g;" if first else f"    {t} b = mu * buf[b_off + i] + (1 - dampening) * g;")
-        body.append("    buf[b_off + i] = b;")
-        body.append("    data[d_off + i] = p - lr * g - (lr * mu) * b;" if nesterov else "    data[d_off + i] = p - lr * b;")
-    else:
-        body.append("    data[d_off + i] = p - lr * g;")
-    lines = "\n".join(body)
-    return preamble(dtype) + f"""__kernel void sgd(__global {t}* data, long d_off, __global const {t}* grad, long g_off,
-                  __global {t}* buf, long b_off, long n, {t} lr, {t} mu, {t} dampening, {t} wd)
-{{
-    long i = get_global_id(0);
-    if (i >= n) return;
-{lines}
-}}
-"""
+    params = f"__global {t}* data, __global const {t}* grad, __global {t}* buf"
+    setup = f"""    data += P[1]; grad += P[2]; buf += P[3];
+    const {t} lr = F[0], mu = F[1], dampening = F[2], wd = F[3];"""
+
+    def update(t: str, load: Callable[[str], str], store: Callable[[str, str], str]) -> list[str]:
+        lines = [f"{t} p = {load('data')};", f"{t} g = {load('grad')} + wd * p;"]
+        if not momentum:
+            return [*lines, store("data", "p - lr * g")]
+        lines.append(f"{t} b = g;" if first else f"{t} b = mu * {load('buf')} + (1 - dampening) * g;")
+        return [*lines, store("buf", "b"), store("data", "p - lr * g - (lr * mu) * b" if nesterov else "p - lr * b")]
+
+    return _vectorised("sgd", dtype, params, setup, update)
 
 
 def sgd_update(device: Any, data: ClArray, grad: ClArray, buf: ClArray | None, *, lr: float, momentum: float = 0.0,
@@ -86,8 +120,9 @@ def sgd_update(device: Any, data: ClArray, grad: ClArray, buf: ClArray | None, *
     if not n:
         return
     has_momentum = bool(momentum) and buf is not None
-    t = data.dtype.type
     kernel = device.kernel(_sgd_source(data.dtype, has_momentum, bool(nesterov), bool(first)), "sgd")
     target = buf if has_momentum and buf is not None else grad
-    kernel(device.queue, (n,), None, data.buffer, np.int64(data.offset), grad.buffer, np.int64(grad.offset),
-           target.buffer, np.int64(target.offset), np.int64(n), t(lr), t(momentum), t(dampening), t(weight_decay))
+    offsets = device.constants((n, data.offset, grad.offset, target.offset))
+    hyper = device.constants((lr, momentum, dampening, weight_decay), data.dtype)
+    kernel(device.queue, (-(-n // _lanes(data.dtype)),), None, data.buffer, grad.buffer, target.buffer,
+           offsets, hyper)
