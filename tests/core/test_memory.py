@@ -344,3 +344,30 @@ def test_an_op_that_rereads_a_dropped_output_is_refused_by_name():
                          batch_size=16, progress=False)
     with pytest.raises(RuntimeError, match=r"RereadsOutput.*asked for its buffer 'y' again after its output was dropped"):
         trainer.train_step(x, y)
+
+
+@pytest.mark.parametrize("pool_kind", ["tracer", "planned"])
+def test_relu_gradient_over_its_output_equals_the_gradient_without_a_pool(pool_kind):
+    """Under a pool ReLU writes its input gradient over its cached output; the values are those computed without."""
+    x, y = data(16, 784, 10)
+    runs = []
+    for pooled in (False, True):
+        model, loss = mlp(2, 32), nf.losses.CrossEntropy()
+        if pooled:
+            trainer = nf.Trainer(model, loss, batch_size=16, progress=False)
+            if pool_kind == "planned":
+                trainer.train_step(x, y)  # the traced step; the model's weights move, so reset them
+                for p, q in zip(model.parameters(), mlp(2, 32).parameters()):
+                    p.data[...] = q.data
+            else:
+                model.attach_pool(TracingPool(np))
+                loss.attach_pool(model._pool)
+        for p in model.parameters():
+            p.grad = np.zeros_like(p.data)
+        loss.forward(model.forward(x), y)
+        model.backward(loss.backward())
+        relu = model[1]
+        assert np.shares_memory(relu._cache, relu.backward(np.ones_like(relu._cache))) == pooled
+        runs.append([p.grad.copy() for p in model.parameters()])
+    for a, b in zip(*runs):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
