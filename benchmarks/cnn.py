@@ -3,9 +3,9 @@
 conv3×3 3→32 (pad 1), ReLU, max-pool 2, conv3×3 32→64 (pad 1), ReLU, max-pool 2, linear 4096→10, on
 3×32×32 inputs, batch 64 (issue 4). NeuroFlow builds it from the vision ops as a user would: the first
 convolution reads NCHW and writes NHWC, everything after runs in NHWC, so the linear layer's weight
-columns are in (h, w, c) order; the PyTorch copy gets them permuted to (c, h, w). "NeuroFlow fused" is
-the same network and weights with each ReLU folded into the max-pool after it
-(``MaxPool2d(2, activation="relu")``: relu∘max = max∘relu, a quarter of the ReLU's passes).
+columns are in (h, w, c) order; the PyTorch copy gets them permuted to (c, h, w). The Trainer runs each
+ReLU inside the max-pool after it (``neuroflow.fusion``: relu∘max = max∘relu, a quarter of the ReLU's
+passes, no ReLU buffers); the model stays as written.
 
     .venv/bin/python benchmarks/cnn.py              # 1 and 2 threads, about a minute
     .venv/bin/python benchmarks/cnn.py --quick      # smoke test
@@ -35,16 +35,6 @@ def build_neuroflow() -> Any:
     )
 
 
-def build_fused() -> Any:
-    """The same network with each ReLU folded into the max-pool after it (relu∘max = max∘relu), same weights."""
-    import neuroflow as nf
-    from neuroflow import ops
-
-    conv1, _, _, conv2, _, _, flatten, linear = build_neuroflow().layers
-    return nf.Sequential(conv1, ops.MaxPool2d(2, layout="NHWC", activation="relu"),
-                         conv2, ops.MaxPool2d(2, layout="NHWC", activation="relu"), flatten, linear)
-
-
 def build_torch(state: dict[str, np.ndarray]) -> Any:
     import torch
 
@@ -60,7 +50,7 @@ def build_torch(state: dict[str, np.ndarray]) -> Any:
 
 
 CASE = convnet_bench.Case("Small CNN (2 conv + 2 max-pool + linear) train step", 64, (3, 32, 32), 10,
-                          build_neuroflow, build_torch, {"NeuroFlow fused": build_fused})
+                          build_neuroflow, build_torch)
 
 if __name__ == "__main__":
     sys.exit(convnet_bench.main(CASE, __file__, threads="1,2"))

@@ -37,6 +37,26 @@ class Sequential(Operator):
             setattr(self, str(i), layer)
         self.layers: list[Operator] = list(layers)
         self._input_shapes: list[tuple[int, ...]] = []
+        self._fused: tuple[tuple[Operator, ...], list[Operator]] | None = None  # (layers fused, what runs)
+
+    def use_fused_layers(self) -> int:
+        """Run activations inside the layers next to them where those can apply them (see
+        :mod:`neuroflow.fusion`); returns how many run so. The layers themselves are unchanged."""
+        from neuroflow.fusion import fused_layers
+
+        run = fused_layers(self.layers)
+        self._fused = (tuple(self.layers), run) if len(run) < len(self.layers) else None
+        return len(self.layers) - len(run)
+
+    @property
+    def _run(self) -> list[Operator]:
+        """The layers as they execute: fused where :meth:`use_fused_layers` fused them and nothing changed since."""
+        fused = self._fused
+        if fused is not None and len(fused[0]) == len(self.layers) and all(
+            a is b for a, b in zip(fused[0], self.layers)
+        ):
+            return fused[1]
+        return self.layers
 
     @property
     def backward_reads_input(self) -> bool:  # type: ignore[override]
@@ -52,11 +72,11 @@ class Sequential(Operator):
             return self._traced_forward(x, pool)
         if debug.enabled():
             self._input_shapes = []
-            for layer in self.layers:
+            for layer in self._run:
                 self._input_shapes.append(tuple(x.shape))
                 x = layer.forward(x)
             return x
-        for layer in self.layers:
+        for layer in self._run:
             x = layer.forward(x)
         return x
 
@@ -64,7 +84,7 @@ class Sequential(Operator):
         """Forward while the pool traces: a layer output its producer's backward does not read dies with its
         consumer, after the consumer's forward or, when the consumer's backward reads it, after that."""
         producer: Operator | None = None
-        for layer in self.layers:
+        for layer in self._run:
             y = layer.forward(x)
             if producer is not None and not producer.backward_reads_output:
                 pool.drop(x, y, layer if layer.backward_reads_input else None)
@@ -74,8 +94,9 @@ class Sequential(Operator):
     def backward(self, grad_out: Any) -> Any:
         g = grad_out
         pool = self._pool
+        run = self._run
         if pool is not None and pool.tracing:
-            for layer in reversed(self.layers):
+            for layer in reversed(run):
                 produced = layer.backward(g)
                 pool.handoff(g, produced, layer)
                 g = produced
@@ -83,13 +104,13 @@ class Sequential(Operator):
                     break
             return g
         if debug.enabled() and self._input_shapes:
-            for layer, shape in zip(reversed(self.layers), reversed(self._input_shapes)):
+            for layer, shape in zip(reversed(run), reversed(self._input_shapes)):
                 g = layer.backward(g)
                 if g is None and layer.needs_input_grad is False:
                     break
                 debug.check_gradient_shape(layer, shape, g)
             return g
-        for layer in reversed(self.layers):
+        for layer in reversed(run):
             g = layer.backward(g)
             if g is None:  # the first layer skipped its input gradient
                 break

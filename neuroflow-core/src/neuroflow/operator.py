@@ -57,6 +57,11 @@ class Operator:
     backward_reads_input: bool = True
     #: Whether backward reads the array forward returned. False: the output dies with its consumers.
     backward_reads_output: bool = True
+    #: Activations (by name, "relu") this op can apply to its output in the same pass through its
+    #: ``activation`` attribute, taking over the activation layer after it, or, for ``..._before``,
+    #: the one before it (the op commutes with it). See :mod:`neuroflow.fusion`.
+    absorbs_activation_after: tuple[str, ...] = ()
+    absorbs_activation_before: tuple[str, ...] = ()
     _parameters: dict[str, Tensor]
     _buffers: dict[str, Tensor]
     _children: dict[str, Operator]

@@ -23,6 +23,7 @@ from neuroflow.memory.compression import GradientCompressor, build_compressor
 from neuroflow.memory.flat import FlatParameters
 from neuroflow.memory.offload import OffloadManager
 from neuroflow.memory.runtime import MemoryRuntime
+from neuroflow.fusion import fuse
 from neuroflow.memory.trace import TracingPool
 from neuroflow.operator import Operator
 from neuroflow.progress import EpochProgress, print_epoch_metrics
@@ -159,6 +160,7 @@ class Trainer(MemoryRuntime):
         if self.compressor is not None:
             self.compressor.bind(self._flat, [n for n, p in self.model.named_parameters() if p.requires_grad])
         self._attach(None)
+        fuse(self.model)
         self._skip_unused_input_gradient()
         if self.enable_async_unload:
             cold = [t for _, t in self.model.named_buffers()]

@@ -28,8 +28,11 @@ class BatchNorm2d(Operator):
 
     Parameters ``weight`` (γ, ones) and ``bias`` (β, zeros); buffers
     ``running_mean`` and ``running_var``, as in PyTorch. ``activation="relu"``
-    applies max(·, 0) to the output in the same pass.
+    applies max(·, 0) to the output in the same pass (a Sequential under the
+    Trainer runs ``BatchNorm2d → ReLU`` so by itself: see :mod:`neuroflow.fusion`).
     """
+
+    absorbs_activation_after = ("relu",)
 
     running_mean: Tensor
     running_var: Tensor

@@ -123,8 +123,12 @@ class MaxPool2d(_WindowPool):
     ``activation="relu"`` gives relu(maxpool(x)), which equals maxpool(relu(x))
     (the maximum commutes with a monotone function) at a quarter of a separate
     ReLU's passes for 2×2 windows: write ``Conv2d → MaxPool2d(2, activation="relu")``
-    for ``Conv2d → ReLU → MaxPool2d``.
+    for ``Conv2d → ReLU → MaxPool2d`` (a Sequential under the Trainer runs that pair so by itself:
+    see :mod:`neuroflow.fusion`).
     """
+
+    absorbs_activation_after = ("relu",)
+    absorbs_activation_before = ("relu",)  # relu∘max = max∘relu
 
     def __init__(self, kernel_size: int | tuple[int, int], stride: int | tuple[int, int] | None = None,
                  padding: int | tuple[int, int] = 0, dilation: int | tuple[int, int] = 1,

@@ -20,6 +20,7 @@ import numpy as np
 
 from neuroflow.composites import input_layer
 from neuroflow.errors import ConfigError
+from neuroflow.fusion import fuse
 from neuroflow.memory.compression import MODES, compression_nbytes
 from neuroflow.memory.planner import ALIGNMENT, Plan, place
 from neuroflow.memory.trace import Slot, TracingPool
@@ -140,6 +141,7 @@ def trace_step(
     snapshot = _snapshot(model)
     for module, _ in snapshot["states"]:
         module.reset_state()  # type: ignore[attr-defined]
+    fuse(model)  # as the Trainer runs it
     tracer = TracingPool(xp)
     tracer.grads_zeroed = accumulation == 1
     for param in model.trainable_parameters():
