@@ -1,10 +1,16 @@
-"""Shared by the opencl tests: the ``opencl`` backend and its namespace (the tests skip without a driver)."""
+"""Shared by the opencl tests: the ``opencl`` backend, its namespace (the tests skip without a driver), and each
+GEMM kernel forced in turn."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+
+try:
+    from neuroflow_opencl.gemm import VARIANTS
+except ImportError:  # not installed: the backend fixture skips every test
+    VARIANTS = ()
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +29,13 @@ def backend() -> Any:
 def xp(backend: Any) -> Any:
     """``backend.xp``: NeuroFlow's numpy-like namespace over OpenCL buffers."""
     return backend.xp
+
+
+@pytest.fixture(params=[None, *VARIANTS])
+def variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str | None:
+    """Each kernel forced in turn (None: the one the device would choose); tiled is the GPU kernel."""
+    if request.param is not None:
+        monkeypatch.setenv("NEUROFLOW_OPENCL_GEMM", request.param)
+    else:
+        monkeypatch.delenv("NEUROFLOW_OPENCL_GEMM", raising=False)
+    return request.param

@@ -7,8 +7,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from neuroflow_opencl.gemm import VARIANTS
-
 ODD = [(1, 1, 1), (1, 5, 17), (17, 3, 1), (3, 17, 5), (5, 1, 9), (2, 7, 3), (7, 2, 4),
        (9, 16, 16), (16, 9, 17), (17, 17, 17), (8, 13, 8), (4, 4, 15), (15, 6, 4)]
 LAYOUTS = [(False, False), (True, False), (False, True), (True, True)]  # (A transposed, B transposed)
@@ -29,16 +27,6 @@ def check(result: Any, expected: np.ndarray, dtype: Any = np.float32) -> None:
     assert got.shape == expected.shape and got.dtype == expected.dtype
     tolerance = 1e-5 if np.dtype(dtype) == np.float32 else 1e-12
     np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance * max(1.0, np.abs(expected).max(initial=0)))
-
-
-@pytest.fixture(params=[None, *VARIANTS])
-def variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str | None:
-    """Each kernel forced in turn (None: the one the device would choose); tiled is the GPU kernel."""
-    if request.param is not None:
-        monkeypatch.setenv("NEUROFLOW_OPENCL_GEMM", request.param)
-    else:
-        monkeypatch.delenv("NEUROFLOW_OPENCL_GEMM", raising=False)
-    return request.param
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["nn", "tn", "nt", "tt"])

@@ -68,7 +68,16 @@ def test_weight_gradient_into_strided_or_transposed_out(xp: Any, transposed_out:
 def test_orientation_prefers_whole_column_blocks_then_the_narrower_product() -> None:
     from neuroflow_opencl.gemm import _transpose
 
-    assert _transpose(64, 288, True, True, 16)  # 288×64 is narrower
-    assert _transpose(32, 27, True, True, 16)  # 27 columns need two overlapping 16-wide blocks; 32 one 32-wide block
-    assert not _transpose(512, 512, True, True, 16)
-    assert _transpose(64, 288, True, False, 16) and not _transpose(64, 288, False, True, 16)
+    deep, dense = 5632, (288, 1)
+    assert _transpose(64, 288, deep, True, True, dense, 16)  # 288×64 is narrower
+    assert _transpose(32, 27, deep, True, True, (27, 1), 16)  # 27 columns need two overlapping 16-wide blocks
+    assert not _transpose(512, 512, deep, True, True, (512, 1), 16)
+    assert _transpose(64, 288, deep, True, False, dense, 16) and not _transpose(64, 288, deep, False, True, dense, 16)
+
+
+def test_a_shallow_product_keeps_the_orientation_that_writes_its_rows_dense() -> None:
+    """Transposing would need a copy of C afterwards, which costs more than it gains when k is small."""
+    from neuroflow_opencl.gemm import _transpose
+
+    assert not _transpose(128, 784, 64, True, True, (784, 1), 16)  # the MLP's first weight gradient
+    assert _transpose(128, 784, 64, True, True, (1, 128), 16)  # into a transposed C, transposing writes it dense

@@ -234,7 +234,7 @@ def _source(expr: str, out_dtype: np.dtype, compute: np.dtype, kinds: tuple[np.d
     longs = ["out_off", *_stride_params("out", patterns[0], ndim)]  # read from P, in the order launch packs them
     names = ["out"]
     loads = []
-    scalars = []
+    scalars: list[str] = []
     p = 1
     for i, kind in enumerate(kinds):
         if kind is None:

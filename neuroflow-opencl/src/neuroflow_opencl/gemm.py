@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,10 +37,12 @@ GROUP_ITEMS = 4  # work items per work group on CPUs
 # convolution (64×5632×288) went from ~17 to ~35 GFLOP/s.
 K_BLOCK = 128
 BLOCKED_GROUP = (2, 4)
+DEEP_FOR_COPY = 512  # products at least this deep may compute C transposed and copy it (see _transpose)
 
 
-def matmul(a: ClArray, b: ClArray, out: ClArray | None = None) -> ClArray:
-    """``numpy.matmul(a, b, out=out)`` for device arrays of one float dtype."""
+def matmul(a: ClArray, b: ClArray, out: ClArray | None = None, bias: ClArray | None = None) -> ClArray:
+    """``numpy.matmul(a, b, out=out)`` for device arrays of one float dtype; ``bias`` (a vector of the result's
+    last dimension) is added to every row, in the GEMM's own launch where its kernel can (``rows``)."""
     if not (is_array(a) and is_array(b)):
         raise TypeError("matmul on the opencl backend takes two device arrays")
     if a.ndim == 0 or b.ndim == 0:
@@ -50,7 +53,7 @@ def matmul(a: ClArray, b: ClArray, out: ClArray | None = None) -> ClArray:
     k2, n = b2.shape[-2:]
     if k != k2:
         raise ValueError(f"matmul: mismatch in core dimension: {a.shape} @ {b.shape} (size {k} is different from {k2})")
-    batch = broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    batch = broadcast_shapes(a2.shape[:-2], b2.shape[:-2]) if a2.ndim > 2 or b2.ndim > 2 else ()
     full = (*batch, m, n)
     shape = full
     if a.ndim == 1:
@@ -64,52 +67,81 @@ def matmul(a: ClArray, b: ClArray, out: ClArray | None = None) -> ClArray:
         out = empty(a.device, shape, dtype)
     elif out.shape != shape:
         raise ValueError(f"matmul: output operand has shape {out.shape}; expected {shape}")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != out.dtype):
+        raise ValueError(f"matmul: bias must be a ({n},) {out.dtype} vector; got {bias.shape} {bias.dtype}")
     c2 = out.reshape(full) if out.shape != full else out
-    _gemm(a2, b2, c2, batch, m, n, k)
+    _gemm(a2, b2, c2, batch, m, n, k, bias)
     return out
 
 
-def _gemm(a: ClArray, b: ClArray, c: ClArray, batch: tuple[int, ...], m: int, n: int, k: int) -> None:
+#: Runs one planned product: (A, B, C, bias or None).
+Plan = Callable[[ClArray, ClArray, ClArray, "ClArray | None"], None]
+_PLANS: dict[Any, Plan] = {}
+
+
+def _gemm(a: ClArray, b: ClArray, c: ClArray, batch: tuple[int, ...], m: int, n: int, k: int,
+          bias: ClArray | None = None) -> None:
+    """C = A @ B (+ bias) through a plan made once per layout: the choices below cost more Python than a launch."""
     if m == 0 or n == 0:
         return
+    key = (a.shape, a.estrides, b.shape, b.estrides, c.estrides, batch, c.dtype, a.dtype, b.dtype,
+           None if bias is None else bias.estrides, c.device, os.environ.get("NEUROFLOW_OPENCL_GEMM"))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _plan(a, b, c, batch, m, n, k, bias)
+    plan(a, b, c, bias)
+
+
+def _plan(a: ClArray, b: ClArray, c: ClArray, batch: tuple[int, ...], m: int, n: int, k: int,
+          bias: ClArray | None) -> Plan:
     sa = broadcast_strides(a.shape[:-2], a.estrides[:-2], batch)
     sb = broadcast_strides(b.shape[:-2], b.estrides[:-2], batch)
     bshape, (bsa, bsb, bsc) = collapse(batch, [sa, sb, c.estrides[:-2]])
-    if len(bshape) > 1:  # batch axes that no single stride can walk: one launch per outer index
-        for i in range(batch[0]):
-            _gemm(_slice(a, batch, sa, i), _slice(b, batch, sb, i), c[i], batch[1:], m, n, k)
-        return
+    if len(bshape) > 1 or (bias is not None and bshape):  # batch axes that no single stride can walk
+        def per_batch(a: ClArray, b: ClArray, c: ClArray, bias: ClArray | None) -> None:
+            for i in range(batch[0]):
+                _gemm(_slice(a, batch, sa, i), _slice(b, batch, sb, i), c[i], batch[1:], m, n, k, bias)
+
+        return per_batch
     # A stride along a length-1 axis never moves; calling it 1 lets more calls take the vector kernels.
     a_sm, a_sk, b_sk, b_sn, c_sm, c_sn = (1 if size == 1 else s for size, s in zip(
         (m, k, k, n, m, n), (*a.estrides[-2:], *b.estrides[-2:], *c.estrides[-2:]), strict=True))
     variant = _variant(c.device, m, n, a_sm, a_sk, b_sk, b_sn)
     if variant == "pack":
-        _gemm(a, b.copy(), c, batch, m, n, k)
-        return
-    transpose = variant == "rows" and _transpose(m, n, a_sm == 1 and m >= 4, b_sn == 1 and n >= 4,
-                                                 64 // c.dtype.itemsize)
+        return lambda a, b, c, bias: _gemm(a, b.copy(), c, batch, m, n, k, bias)
+    transpose = variant == "rows" and _transpose(m, n, k, a_sm == 1 and m >= 4, b_sn == 1 and n >= 4,
+                                                 (c_sm, c_sn), 64 // c.dtype.itemsize)
     if variant == "rows" and not bshape and (c_sm if transpose else c_sn) != 1:
         # Measured on pocl: the kernel runs up to 1.4× slower when its rows of C are strided (a transposed
         # weight gradient); a dense product and one copy cost less.
-        dense = empty(c.device, (n, m) if transpose else (m, n), c.dtype)
-        _gemm(a, b, dense.T if transpose else dense, batch, m, n, k)
-        apply("copy", dense.T if transpose else dense, out=c)
-        return
-    operands = [(a, a_sm, a_sk, bsa), (b, b_sk, b_sn, bsb), (c, c_sm, c_sn, bsc)]
+        def dense_then_copy(a: ClArray, b: ClArray, c: ClArray, bias: ClArray | None) -> None:
+            dense = empty(c.device, (n, m) if transpose else (m, n), c.dtype)
+            _gemm(a, b, dense.T if transpose else dense, batch, m, n, k, bias)
+            apply("copy", dense.T if transpose else dense, out=c)
+
+        return dense_then_copy
+    nb = bshape[0] if bshape else 1
     if transpose:
-        operands = [(b, b_sn, b_sk, bsb), (a, a_sk, a_sm, bsa), (c, c_sn, c_sm, bsc)]
-        m, n = n, m
-    _launch(variant, operands, bshape[0] if bshape else 1, m, n, k)
+        launch = _launch(variant, (b_sn, b_sk, bsb), (a_sk, a_sm, bsa), (c_sn, c_sm, bsc), c.dtype, b.dtype, a.dtype,
+                         nb, n, m, k, bias is not None, "column", c.device.facts.compute_units)
+        return lambda a, b, c, bias: launch(b, a, c, bias)
+    return _launch(variant, (a_sm, a_sk, bsa), (b_sk, b_sn, bsb), (c_sm, c_sn, bsc), c.dtype, a.dtype, b.dtype,
+                   nb, m, n, k, bias is not None, "row", c.device.facts.compute_units)
 
 
-def _transpose(m: int, n: int, a_cols: bool, b_rows: bool, lanes: int) -> bool:
+def _transpose(m: int, n: int, k: int, a_cols: bool, b_rows: bool, c_strides: tuple[int, int], lanes: int) -> bool:
     """Whether ``rows`` should compute Cᵀ = Bᵀ Aᵀ (B's transpose has the contiguous rows when A's columns are).
 
     When both ways work, the one whose column blocks cover C's width with less overlap, then the narrower
     one: measured on pocl, a convolution's weight gradient (64×5632×288) ran 1.3× faster as 288×5632×64.
+    A way that writes C's rows strided takes a dense product and a copy of C, worth it only for deep
+    products: the MLP's first weight gradient (128×64×784) took 432 µs as it is, 450 + 123 µs transposed.
     """
     if not (a_cols and b_rows):
         return not b_rows
+    c_sm, c_sn = c_strides
+    if k < DEEP_FOR_COPY and (c_sm == 1) != (c_sn == 1):
+        return c_sm == 1
 
     def covered(width: int) -> float:  # the fraction of computed columns that are C's own
         span = next((w for w in (2 * lanes, lanes, 8, 4) if w <= width), width)
@@ -137,27 +169,32 @@ def _variant(device: Any, m: int, n: int, a_sm: int, a_sk: int, b_sk: int, b_sn:
     return "dots" if dots else "scalar"
 
 
-def _launch(variant: str, operands: list[tuple[ClArray, int, int, tuple[int, ...]]], nb: int,
-            m: int, n: int, k: int) -> None:
-    (a, a_sm, a_sk, bsa), (b, b_sk, b_sn, bsb), (c, c_sm, c_sn, bsc) = operands
+def _launch(variant: str, a_layout: tuple[int, int, tuple[int, ...]], b_layout: tuple[int, int, tuple[int, ...]],
+            c_layout: tuple[int, int, tuple[int, ...]], out_dtype: np.dtype, a_dtype: np.dtype, b_dtype: np.dtype,
+            nb: int, m: int, n: int, k: int, with_bias: bool, bias_along: str, units: int) -> Plan:
+    """The launch of one kernel for this layout; ``bias_along`` says whether a bias runs along C's rows (one
+    value per column) or its columns (one per row, when C is computed transposed)."""
+    (a_sm, a_sk, bsa), (b_sk, b_sn, bsb), (c_sm, c_sn, bsc) = a_layout, b_layout, c_layout
     strides = (a_sm, a_sk, b_sk, b_sn, c_sm, c_sn)
-    dtypes = (c.dtype, a.dtype, b.dtype)
+    dtypes = (out_dtype, a_dtype, b_dtype)
     unit = tuple(s == 1 for s in strides)
     local: tuple[int, int, int] | None
+    fused_bias = with_bias and variant == "rows"
     if variant == "tiled":
         source = gemm_source.tiled_source(*dtypes, unit, TILED_GROUP, TILED_PER)
         tile = TILED_GROUP * TILED_PER
         local = (TILED_GROUP, TILED_GROUP, 1)
         size = (math.ceil(n / tile) * TILED_GROUP, math.ceil(m / tile) * TILED_GROUP, nb)
     else:
-        lanes = 64 // c.dtype.itemsize  # one AVX-512 register
+        lanes = 64 // out_dtype.itemsize  # one AVX-512 register
         k_block = 0
         if variant == "rows":
             rows = min(8, m)  # whole row blocks only: a GEMV (one row) computes one row, not eight
             width = next(w for w in (lanes, 8, 4) if w <= n)
             vectors = 2 if n >= 2 * width else 1  # 8 × 2 accumulators: half of AVX-512's 32 registers
             k_block = K_BLOCK if k > K_BLOCK else 0
-            source = gemm_source.rows_source(*dtypes, unit, rows, width, vectors, k_block)
+            source = gemm_source.rows_source(*dtypes, unit, rows, width, vectors, k_block,
+                                             bias_along if fused_bias else "")
             cols = width * vectors
         elif variant == "dots":
             rows, cols = min(4, 1 << (m - 1).bit_length()), min(4, 1 << (n - 1).bit_length())
@@ -166,13 +203,23 @@ def _launch(variant: str, operands: list[tuple[ClArray, int, int, tuple[int, ...
             rows = cols = 4
             source = gemm_source.scalar_source(*dtypes, unit, rows, cols)
         if k_block:
-            size, local = _blocked_sizes(math.ceil(n / cols), math.ceil(m / rows), nb, c.device.facts.compute_units)
+            size, local = _blocked_sizes(math.ceil(n / cols), math.ceil(m / rows), nb, units)
         else:
             size, local = _cpu_sizes(math.ceil(n / cols), math.ceil(m / rows), nb)
-    kernel = c.device.kernel(source, "gemm")
-    params = c.device.constants((a.offset, b.offset, c.offset, *strides, *(s[0] if s else 0 for s in (bsa, bsb, bsc)),
-                                 m, n, k))
-    kernel(c.device.queue, size, local, a.buffer, b.buffer, c.buffer, params)
+    tail = (*strides, *(s[0] if s else 0 for s in (bsa, bsb, bsc)), m, n, k)
+
+    def launch(a: ClArray, b: ClArray, c: ClArray, bias: ClArray | None) -> None:
+        device = c.device
+        longs = (a.offset, b.offset, c.offset, *tail)
+        buffers = [a.buffer, b.buffer, c.buffer]
+        if fused_bias and bias is not None:
+            longs += (bias.offset, bias.estrides[0])
+            buffers.append(bias.buffer)
+        device.kernel(source, "gemm")(device.queue, size, local, *buffers, device.constants(longs))
+        if bias is not None and not fused_bias:  # C is the caller's own (m, n) view here, whichever way it was computed
+            apply("add", c, bias, out=c)
+
+    return launch
 
 
 def _cpu_sizes(gx: int, gy: int, nb: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:

@@ -34,9 +34,9 @@ STRIDES = ("a_sm", "a_sk", "b_sk", "b_sn", "c_sm", "c_sn")
 TILE_K = 16
 
 
-def _header(t: str, ta: str, tb: str, unit: tuple[bool, ...], attributes: str = "") -> str:
+def _header(t: str, ta: str, tb: str, unit: tuple[bool, ...], attributes: str = "", bias: bool = False) -> str:
     params = [f"__global const {ta}* restrict A", f"__global const {tb}* restrict B", f"__global {t}* restrict C",
-              "__global const long* restrict P"]
+              *([f"__global const {t}* restrict D"] if bias else []), "__global const long* restrict P"]
     names = ("a_off", "b_off", "c_off", *(f"{n}_arg" for n in STRIDES), "a_sb", "b_sb", "c_sb", "M", "N", "K")
     loads = "\n".join(f"    {'long' if n.endswith('_off') else 'const long'} {n} = P[{i}];" for i, n in enumerate(names))
     consts = "\n".join(f"    const long {n} = {'1' if u else n + '_arg'};" for n, u in zip(STRIDES, unit, strict=True))
@@ -51,10 +51,13 @@ def _header(t: str, ta: str, tb: str, unit: tuple[bool, ...], attributes: str = 
 
 @cache
 def rows_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, unit: tuple[bool, ...], rows: int, width: int,
-                vectors: int = 1, k_block: int = 0) -> str:
+                vectors: int = 1, k_block: int = 0, bias: str = "") -> str:
     """``rows`` × ``vectors``·``width`` of C per work item; ``k_block`` > 0 adds a work-group barrier every
     ``k_block`` steps of k, so that pocl, which runs a group's work items one after another between
-    barriers, walks every item over one k-slice of A and B while that slice is still in cache."""
+    barriers, walks every item over one k-slice of A and B while that slice is still in cache.
+
+    ``bias`` adds a vector D (offset and stride in P[15], P[16]) to the product before the store, as a
+    separate add would: ``row`` one value per column of C, ``column`` one per row."""
     t, ta, tb = c_type(out_dtype), c_type(a_dtype), c_type(b_dtype)
     v = f"{t}{width}"
     span = width * vectors
@@ -86,7 +89,15 @@ def rows_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, unit: tuple[bool, ..
         lines += body
         lines.append("    }")
     lines.append(f"    __global {t}* c = C + c_off + n0 * c_sn;")
+    if bias:
+        lines.append("    const long d_off = P[15], d_s = P[16];")
     for i in range(rows):
+        if bias == "column":
+            lines.append(f"    {{ const {t} d = D[d_off + (m0 + {i}) * d_s];")
+            lines += [f"      c{i}_{q} += d;" for q in range(vectors)]
+            lines.append("    }")
+        elif bias == "row":
+            lines += [f"    c{i}_{q} += {_bias_row(v, width, q)};" for q in range(vectors)]
         lines.append("    {")
         for q in range(vectors):
             lines.append(f"        if (c_sn == 1) vstore{width}(c{i}_{q}, 0, c + (m0 + {i}) * c_sm + {q * width});")
@@ -94,7 +105,14 @@ def rows_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, unit: tuple[bool, ..
             lines += [f"            c[(m0 + {i}) * c_sm + {q * width + j} * c_sn] = c{i}_{q}.s{j:x};" for j in range(width)]
             lines.append("        }")
         lines.append("    }")
-    return preamble(out_dtype, a_dtype, b_dtype) + _header(t, ta, tb, unit) + "\n".join(line for line in lines if line) + "\n}\n"
+    header = _header(t, ta, tb, unit, bias=bool(bias))
+    return preamble(out_dtype, a_dtype, b_dtype) + header + "\n".join(line for line in lines if line) + "\n}\n"
+
+
+def _bias_row(vector: str, width: int, q: int) -> str:
+    """The bias values of accumulator column block ``q``: a vector load when D is dense, else gathered."""
+    lanes = ", ".join(f"D[d_off + (n0 + {q * width + j}) * d_s]" for j in range(width))
+    return f"(d_s == 1 ? vload{width}(0, D + d_off + n0 + {q * width}) : ({vector})({lanes}))"
 
 
 @cache

@@ -110,6 +110,8 @@ class Backend:
         - ``softmax_cross_entropy_backward(probs, labels, scale, smoothing) -> probs`` (in place)
         - ``activation_backward(cached, g, gx, activation, slope)``: ``gx = g · act'`` for ``relu``,
           ``leaky_relu`` (cached input), ``sigmoid`` and ``tanh`` (cached output)
+        - ``linear(x, weight, bias, out) -> out``: ``out = x @ weight.T + bias`` for ``x`` (n, in), ``weight``
+          (out, in), ``bias`` (out,)
         """
         return None
 

@@ -42,9 +42,13 @@ class Linear(Operator):
         xp = self.xp
         x2 = x.reshape(-1, self.in_features)
         y = self.buffer("y", (x2.shape[0], self.out_features), x.dtype)
-        xp.matmul(x2, self.weight.data.T, out=y)
-        if self.has_bias:
-            y += self.bias.data
+        fused = self.fused("linear", x2) if self.has_bias else None
+        if fused is not None:
+            fused(x2, self.weight.data, self.bias.data, y)
+        else:
+            xp.matmul(x2, self.weight.data.T, out=y)
+            if self.has_bias:
+                y += self.bias.data
         self._x = x2
         return y.reshape(*x.shape[:-1], self.out_features)
 

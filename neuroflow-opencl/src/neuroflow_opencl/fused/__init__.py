@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from neuroflow_opencl.fused import activation, cross_entropy, optim
+from neuroflow_opencl.fused import activation, cross_entropy, linear, optim
 
 KERNELS: dict[str, Callable[..., Any]] = {
     "adam_update": optim.adam_update,
@@ -21,6 +21,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "softmax_cross_entropy": cross_entropy.softmax_cross_entropy,
     "softmax_cross_entropy_backward": cross_entropy.softmax_cross_entropy_backward,
     "activation_backward": activation.activation_backward,
+    "linear": linear.linear,
 }
 
 
