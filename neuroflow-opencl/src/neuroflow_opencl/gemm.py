@@ -29,7 +29,7 @@ from neuroflow_opencl.array import ClArray, empty, is_array
 from neuroflow_opencl.elementwise import apply
 from neuroflow_opencl.views import broadcast_shapes, broadcast_strides, collapse
 
-VARIANTS = ("tiled", "rows", "dots", "scalar")
+VARIANTS: tuple[str, ...] = ("tiled", "rows", "dots", "scalar")
 TILED_GROUP, TILED_PER = 16, 4  # 16×16 work items, 4×4 outputs each: a 64×64 tile of C per work group
 GROUP_ITEMS = 4  # work items per work group on CPUs
 # On CPUs, products deeper than K_BLOCK walk k in slices, a work-group barrier after each (see rows_source);
