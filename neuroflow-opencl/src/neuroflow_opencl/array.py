@@ -105,6 +105,8 @@ class ClArray:
             raise NotImplementedError("the opencl backend reshapes in C order only")
         if len(shape) == 1 and not isinstance(shape[0], int):
             shape = tuple(shape[0])
+        if shape == self.shape:  # ops reshape outputs to the shape they have: no stride arithmetic for that
+            return self._view(self.offset, self.shape, self.estrides)
         new_shape = normalize_shape(shape, self.size)
         strides = reshape_strides(self.shape, self.estrides, new_shape)
         if strides is None:
