@@ -163,7 +163,7 @@ class Conv2d(ChannelsLastOperator):
                     target = self.weight.grad if zeroed else ws("conv.gw", self.weight.shape, x.dtype)
                     gw, gw_param = target.transpose(0, 2, 3, 1), None if zeroed else target
                 conv_gemm.backward(ws, x, g, self._wmat, gw, gx, self.geometry, self.groups, self.chunk_size(x.shape),
-                                   self._cols)
+                                   self._cols, self.grad_chunk_size(x.shape))
             if gw_param is not None:
                 self.accumulate_grad(self.weight, gw_param)
             if self.has_bias and self.bias.requires_grad:
@@ -208,6 +208,20 @@ class Conv2d(ChannelsLastOperator):
             return max(n, 1)
         return max(1, min(n, self.max_workspace_bytes // per_sample))
 
+    def grad_chunk_size(self, nhwc: tuple[int, ...]) -> int:
+        """Samples per chunk of the input gradient's columns under ``max_workspace_bytes``, when it is taken as
+        a transposed convolution (padded output gradient and its columns per sample)."""
+        n, hw = int(nhwc[0]), (int(nhwc[1]), int(nhwc[2]))
+        sweep = conv_gemm.transposed(self.geometry)
+        if self.max_workspace_bytes is None or sweep is None or self._depthwise or self.geometry.pointwise:
+            return max(n, 1)
+        ho, wo = self.geometry.out_hw(hw)
+        (qh, qw), (kh, kw) = sweep.padding, self.kernel_size
+        padded = (ho + 2 * qh) * (wo + 2 * qw) * self.out_channels if (qh or qw) else 0
+        cols = hw[0] * hw[1] * kh * kw * (self.out_channels // self.groups) * self.groups
+        per_sample = (padded + cols) * np.dtype(self.weight.data.dtype).itemsize
+        return max(1, min(n, self.max_workspace_bytes // per_sample))
+
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
         shape = tuple(input_shape)
         check_declared_shape(self, shape, self.in_channels, self.layout)
@@ -228,7 +242,16 @@ class Conv2d(ChannelsLastOperator):
                 workspace.append((chunk, h + 2 * ph, w + 2 * pw, c))
             columns = conv_gemm.column_shape(chunk, out_hw, self.geometry, self.groups, c)
             (cached if self._keeps_columns(chunk, n) else workspace).append(columns)
-            workspace.append((chunk * out_hw[0] * out_hw[1], c))
+            sweep = conv_gemm.transposed(self.geometry)
+            if sweep is None:
+                workspace.append((chunk * out_hw[0] * out_hw[1], c))  # one tap's product
+            else:  # the output gradient's columns, padded map and flipped kernel
+                grad_chunk = self.grad_chunk_size((n, h, w, c))
+                o, (qh, qw) = self.out_channels, sweep.padding
+                workspace.append(conv_gemm.column_shape(grad_chunk, (h, w), sweep, self.groups, o))
+                if qh or qw:
+                    workspace.append((grad_chunk, out_hw[0] + 2 * qh, out_hw[1] + 2 * qw, o))
+                workspace.append(self._wmat_shape())
         if self.output_layout == "NCHW":
             workspace += [out_nhwc, out_nhwc]  # permuted output and gradient
         if self.layout == "NCHW":
@@ -343,6 +366,20 @@ class SeparableConv2d(ChannelsLastOperator):
         with Workspace(self, "backward") as ws:
             gx = self.depthwise.backward(self.pointwise.backward(self._to_nhwc(grad_out, self.layout, "g_nhwc", ws)))
             return None if gx is None else self._from_nhwc(gx, self.layout, "gx")
+
+    def grad_chunk_size(self, nhwc: tuple[int, ...]) -> int:
+        """Samples per chunk of the input gradient's columns under ``max_workspace_bytes``, when it is taken as
+        a transposed convolution (padded output gradient and its columns per sample)."""
+        n, hw = int(nhwc[0]), (int(nhwc[1]), int(nhwc[2]))
+        sweep = conv_gemm.transposed(self.geometry)
+        if self.max_workspace_bytes is None or sweep is None or self._depthwise or self.geometry.pointwise:
+            return max(n, 1)
+        ho, wo = self.geometry.out_hw(hw)
+        (qh, qw), (kh, kw) = sweep.padding, self.kernel_size
+        padded = (ho + 2 * qh) * (wo + 2 * qw) * self.out_channels if (qh or qw) else 0
+        cols = hw[0] * hw[1] * kh * kw * (self.out_channels // self.groups) * self.groups
+        per_sample = (padded + cols) * np.dtype(self.weight.data.dtype).itemsize
+        return max(1, min(n, self.max_workspace_bytes // per_sample))
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
         shape = tuple(input_shape)

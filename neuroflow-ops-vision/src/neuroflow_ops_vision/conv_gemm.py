@@ -4,9 +4,13 @@ Forward: the windows of a chunk are copied into a column matrix
 (rows = output pixels, columns = kh·kw·C/G in (i, j, c) order, contiguous in
 c) and multiplied by the weight matrix in one GEMM per group. Backward: the
 weight gradient is one GEMM against the columns (rebuilt per chunk unless the
-forward kept them); the input gradient is one GEMM per tap whose result is
-added into a strided slice of the gradient, which is col2im without ``add.at``
-and without a column-sized buffer.
+forward kept them). The input gradient of a stride-1 sweep is itself a
+stride-1 convolution, of the output gradient with the spatially flipped,
+transposed kernel: columns of the gradient and one GEMM (measured on
+ResNet-18's 3×3 layers: 0.6–0.8× the time of the per-tap method, except at
+4×4 maps where they tie). Other sweeps take one GEMM per tap whose result is
+added into a strided slice of the gradient, which is col2im without
+``add.at`` and without a column-sized buffer.
 """
 
 from __future__ import annotations
@@ -63,7 +67,8 @@ def forward(ws: Workspace, x: Any, wmat: Any, y: Any, geo: Geometry, groups: int
 
 
 def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspace], Any], gw: Any | None,
-             gx: Any | None, geo: Geometry, groups: int, chunk: int, kept: Any = None) -> None:
+             gx: Any | None, geo: Geometry, groups: int, chunk: int, kept: Any = None,
+             grad_chunk: int | None = None) -> None:
     """Write the weight gradient into ``gw`` (O, kh, kw, C/G) and the input gradient into ``gx``; None skips either.
 
     ``gw`` may be strided (the parameter's gradient, transposed): each chunk's
@@ -71,6 +76,8 @@ def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspac
     The weight gradient runs first, in a workspace scope of its own (columns,
     padded input, GEMM result), retired before ``weight_matrix(ws)`` and the
     input gradient's workspaces are taken: the two never need memory at once.
+    ``grad_chunk`` (default ``chunk``) is the batch chunk of the input gradient's
+    columns when it is computed as a transposed convolution (see :func:`transposed`).
     """
     xp = ws.xp
     n = x.shape[0]
@@ -92,8 +99,41 @@ def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspac
                         target += part.reshape(target.shape)
     if gx is not None:
         wmat = weight_matrix(ws)
+        sweep = transposed(geo)
+        if sweep is not None and not geo.pointwise:
+            flipped = _flipped(ws, wmat, groups)
+            step = grad_chunk or chunk
+            for n0 in range(0, n, step):
+                gx2 = gx[n0:n0 + step].reshape(-1, gx.shape[3])
+                cols = columns(ws, grad[n0:n0 + step], sweep, gx.shape[1:3], groups)
+                cg = gx.shape[3] // groups
+                for g in range(groups):
+                    xp.matmul(cols[:, g], flipped[g], out=gx2[:, g * cg:(g + 1) * cg])
+            return
         for n0 in range(0, n, chunk):
             input_grad(ws, grad[n0:n0 + chunk].reshape(-1, o), wmat, gx[n0:n0 + chunk], geo, groups, out_hw)
+
+
+def transposed(geo: Geometry) -> Geometry | None:
+    """The sweep over the output gradient whose convolution with the flipped kernel is the input gradient:
+    stride 1, padding d·(k−1)−p, same kernel and dilation; None where the forward sweep is strided or pads
+    more than d·(k−1) (its gradient then takes the per-tap method)."""
+    if geo.stride != (1, 1):
+        return None
+    pad = tuple(d * (k - 1) - p for k, p, d in zip(geo.kernel, geo.padding, geo.dilation))
+    if min(pad) < 0:
+        return None
+    return Geometry(geo.kernel, (1, 1), (pad[0], pad[1]), geo.dilation)
+
+
+def _flipped(ws: Workspace, wmat: Any, groups: int) -> Any:
+    """(G, kh·kw·O/G, C/G): per group, the kernel flipped in both spatial axes, rows in the (i, j, o) order of
+    the gradient's columns."""
+    o, kh, kw, cg = wmat.shape
+    og = o // groups
+    flipped = ws("conv.wflip", (groups, kh, kw, og, cg), wmat.dtype)
+    ws.xp.copyto(flipped, wmat.reshape(groups, og, kh, kw, cg)[:, :, ::-1, ::-1, :].transpose(0, 2, 3, 1, 4))
+    return flipped.reshape(groups, kh * kw * og, cg)
 
 
 def input_grad(ws: Workspace, gs: Any, wmat: Any, gx: Any, geo: Geometry, groups: int, out_hw: tuple[int, int]) -> None:
