@@ -367,20 +367,6 @@ class SeparableConv2d(ChannelsLastOperator):
             gx = self.depthwise.backward(self.pointwise.backward(self._to_nhwc(grad_out, self.layout, "g_nhwc", ws)))
             return None if gx is None else self._from_nhwc(gx, self.layout, "gx")
 
-    def grad_chunk_size(self, nhwc: tuple[int, ...]) -> int:
-        """Samples per chunk of the input gradient's columns under ``max_workspace_bytes``, when it is taken as
-        a transposed convolution (padded output gradient and its columns per sample)."""
-        n, hw = int(nhwc[0]), (int(nhwc[1]), int(nhwc[2]))
-        sweep = conv_gemm.transposed(self.geometry)
-        if self.max_workspace_bytes is None or sweep is None or self._depthwise or self.geometry.pointwise:
-            return max(n, 1)
-        ho, wo = self.geometry.out_hw(hw)
-        (qh, qw), (kh, kw) = sweep.padding, self.kernel_size
-        padded = (ho + 2 * qh) * (wo + 2 * qw) * self.out_channels if (qh or qw) else 0
-        cols = hw[0] * hw[1] * kh * kw * (self.out_channels // self.groups) * self.groups
-        per_sample = (padded + cols) * np.dtype(self.weight.data.dtype).itemsize
-        return max(1, min(n, self.max_workspace_bytes // per_sample))
-
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
         shape = tuple(input_shape)
         check_declared_shape(self, shape, self.in_channels, self.layout)
