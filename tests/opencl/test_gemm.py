@@ -103,6 +103,21 @@ def test_out_into_strided_views(xp: Any, variant: str | None) -> None:
         check(tall, (a @ b).T)
 
 
+def test_one_layout_at_many_offsets(xp: Any, variant: str | None) -> None:
+    """A layout is planned (and its kernel compiled) once; each call's offsets travel with its launch."""
+    rng = np.random.default_rng(8)
+    a_store = rng.standard_normal((40, 16), dtype=np.float32)
+    b_store = rng.standard_normal((30, 33), dtype=np.float32)
+    da, db = xp.asarray(a_store), xp.asarray(b_store)
+    out = xp.zeros((12, 40), dtype=np.float32)
+    for start in (0, 3, 17):
+        xp.matmul(da[start:start + 9], db[start % 7:start % 7 + 16, 1:], out=out[start % 4:start % 4 + 9, 8:])
+        expected = np.zeros((12, 40), np.float32)
+        expected[start % 4:start % 4 + 9, 8:] = a_store[start:start + 9] @ b_store[start % 7:start % 7 + 16, 1:]
+        check(out, expected)
+        out.fill(0)
+
+
 def test_batched_out_view(xp: Any, variant: str | None) -> None:
     rng = np.random.default_rng(6)
     a, da = operand(xp, rng, (3, 5, 4), True)

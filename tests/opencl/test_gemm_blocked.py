@@ -7,7 +7,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from neuroflow_opencl import gemm
 from neuroflow_opencl.gemm import K_BLOCK, _blocked_sizes
+
+
+@pytest.fixture(autouse=True)
+def blocked_at_any_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """k-slices for every product deeper than K_BLOCK, however small B is (plans made afresh)."""
+    monkeypatch.setattr(gemm, "K_BLOCK_ABOVE_BYTES", 0)
+    monkeypatch.setattr(gemm, "_PLANS", {})
 
 
 def check(xp: Any, a: np.ndarray, b: np.ndarray, rtol: float = 1e-5) -> None:

@@ -36,6 +36,9 @@ GROUP_ITEMS = 4  # work items per work group on CPUs
 # a group is 2 column blocks × 4 row blocks of C. Measured on pocl: the weight gradient of the CNN's second
 # convolution (64×5632×288) went from ~17 to ~35 GFLOP/s.
 K_BLOCK = 128
+# ... when B is larger than this: a B that stays in a core's cache (2 MiB of L2 here) gains nothing from the
+# slices, and the MLP's first layer (64×128×784, B 392 KiB) ran 157 -> 128 µs without them.
+K_BLOCK_ABOVE_BYTES = 1 << 20
 BLOCKED_GROUP = (2, 4)
 DEEP_FOR_COPY = 512  # products at least this deep may compute C transposed and copy it (see _transpose)
 
@@ -121,12 +124,13 @@ def _plan(a: ClArray, b: ClArray, c: ClArray, batch: tuple[int, ...], m: int, n:
 
         return dense_then_copy
     nb = bshape[0] if bshape else 1
+    bias_stride = None if bias is None else bias.estrides[0]
     if transpose:
         launch = _launch(variant, (b_sn, b_sk, bsb), (a_sk, a_sm, bsa), (c_sn, c_sm, bsc), c.dtype, b.dtype, a.dtype,
-                         nb, n, m, k, bias is not None, "column", c.device.facts.compute_units)
+                         nb, n, m, k, bias_stride, "column", c.device)
         return lambda a, b, c, bias: launch(b, a, c, bias)
     return _launch(variant, (a_sm, a_sk, bsa), (b_sk, b_sn, bsb), (c_sm, c_sn, bsc), c.dtype, a.dtype, b.dtype,
-                   nb, m, n, k, bias is not None, "row", c.device.facts.compute_units)
+                   nb, m, n, k, bias_stride, "row", c.device)
 
 
 def _transpose(m: int, n: int, k: int, a_cols: bool, b_rows: bool, c_strides: tuple[int, int], lanes: int) -> bool:
@@ -171,15 +175,16 @@ def _variant(device: Any, m: int, n: int, a_sm: int, a_sk: int, b_sk: int, b_sn:
 
 def _launch(variant: str, a_layout: tuple[int, int, tuple[int, ...]], b_layout: tuple[int, int, tuple[int, ...]],
             c_layout: tuple[int, int, tuple[int, ...]], out_dtype: np.dtype, a_dtype: np.dtype, b_dtype: np.dtype,
-            nb: int, m: int, n: int, k: int, with_bias: bool, bias_along: str, units: int) -> Plan:
-    """The launch of one kernel for this layout; ``bias_along`` says whether a bias runs along C's rows (one
-    value per column) or its columns (one per row, when C is computed transposed)."""
+            nb: int, m: int, n: int, k: int, bias_stride: int | None, bias_along: str, device: Any) -> Plan:
+    """The launch of one kernel for this layout; ``bias_along`` says whether a bias (of stride ``bias_stride``)
+    runs along C's rows (one value per column) or its columns (one per row, when C is computed transposed)."""
     (a_sm, a_sk, bsa), (b_sk, b_sn, bsb), (c_sm, c_sn, bsc) = a_layout, b_layout, c_layout
     strides = (a_sm, a_sk, b_sk, b_sn, c_sm, c_sn)
     dtypes = (out_dtype, a_dtype, b_dtype)
     unit = tuple(s == 1 for s in strides)
+    batch_strides = tuple(s[0] if s else 0 for s in (bsa, bsb, bsc))
     local: tuple[int, int, int] | None
-    fused_bias = with_bias and variant == "rows"
+    fused_bias = bias_stride is not None and variant == "rows"
     if variant == "tiled":
         source = gemm_source.tiled_source(*dtypes, unit, TILED_GROUP, TILED_PER)
         tile = TILED_GROUP * TILED_PER
@@ -192,9 +197,10 @@ def _launch(variant: str, a_layout: tuple[int, int, tuple[int, ...]], b_layout: 
             rows = min(8, m)  # whole row blocks only: a GEMV (one row) computes one row, not eight
             width = next(w for w in (lanes, 8, 4) if w <= n)
             vectors = 2 if n >= 2 * width else 1  # 8 × 2 accumulators: half of AVX-512's 32 registers
-            k_block = K_BLOCK if k > K_BLOCK else 0
-            source = gemm_source.rows_source(*dtypes, unit, rows, width, vectors, k_block,
-                                             bias_along if fused_bias else "")
+            k_block = K_BLOCK if k > K_BLOCK and k * n * b_dtype.itemsize > K_BLOCK_ABOVE_BYTES else 0
+            fixed = (*strides, *batch_strides, m, n, k, *((bias_stride,) if fused_bias else ()))
+            source = gemm_source.rows_source(*dtypes, rows, width, vectors, k_block,
+                                             bias_along if fused_bias else "", fixed=fixed)
             cols = width * vectors
         elif variant == "dots":
             rows, cols = min(4, 1 << (m - 1).bit_length()), min(4, 1 << (n - 1).bit_length())
@@ -203,20 +209,25 @@ def _launch(variant: str, a_layout: tuple[int, int, tuple[int, ...]], b_layout: 
             rows = cols = 4
             source = gemm_source.scalar_source(*dtypes, unit, rows, cols)
         if k_block:
-            size, local = _blocked_sizes(math.ceil(n / cols), math.ceil(m / rows), nb, units)
+            size, local = _blocked_sizes(math.ceil(n / cols), math.ceil(m / rows), nb, device.facts.compute_units)
         else:
             size, local = _cpu_sizes(math.ceil(n / cols), math.ceil(m / rows), nb)
-    tail = (*strides, *(s[0] if s else 0 for s in (bsa, bsb, bsc)), m, n, k)
+    if variant == "rows":
+        kernel = device.kernel(source, "gemm")
+        kernel.set_scalar_arg_dtypes([None] * (3 + fused_bias) + [np.int64] * (3 + fused_bias))
+        queue = device.queue
+        if fused_bias:
+            return lambda a, b, c, bias: kernel(queue, size, local, a.buffer, b.buffer, c.buffer, bias.buffer,  # type: ignore[union-attr]
+                                                a.offset, b.offset, c.offset, bias.offset)  # type: ignore[union-attr]
+        return lambda a, b, c, bias: kernel(queue, size, local, a.buffer, b.buffer, c.buffer, a.offset, b.offset,
+                                            c.offset)
+    tail = (*strides, *batch_strides, m, n, k)
 
     def launch(a: ClArray, b: ClArray, c: ClArray, bias: ClArray | None) -> None:
         device = c.device
-        longs = (a.offset, b.offset, c.offset, *tail)
-        buffers = [a.buffer, b.buffer, c.buffer]
-        if fused_bias and bias is not None:
-            longs += (bias.offset, bias.estrides[0])
-            buffers.append(bias.buffer)
-        device.kernel(source, "gemm")(device.queue, size, local, *buffers, device.constants(longs))
-        if bias is not None and not fused_bias:  # C is the caller's own (m, n) view here, whichever way it was computed
+        params = device.constants((a.offset, b.offset, c.offset, *tail))
+        device.kernel(source, "gemm")(device.queue, size, local, a.buffer, b.buffer, c.buffer, params)
+        if bias is not None:  # C is the caller's own (m, n) view here, whichever way it was computed
             apply("add", c, bias, out=c)
 
     return launch
