@@ -11,8 +11,9 @@ import neuroflow as nf
 from neuroflow.memory.flat import FlatParameters
 from neuroflow.tensor import Tensor
 
-# 16 lanes of float32 per work item: sizes below, at and past one vector, and a tail that is not a whole one
-SIZES = (5, 16, 37, 1000)
+# 16 lanes of float32 per work item, 64 items per group: sizes below, at and past one vector, a tail that is not
+# a whole one, and one work item past a whole group (the rest of its group has nothing to update)
+SIZES = (5, 16, 37, 1000, 64 * 16 + 5)
 
 
 def _parameters(size: int, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:

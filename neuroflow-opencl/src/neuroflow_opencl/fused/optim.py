@@ -18,6 +18,9 @@ from neuroflow_opencl.array import ClArray
 from neuroflow_opencl.cdtypes import c_type, preamble
 
 VECTOR_BYTES = 64
+# Work items per work group. Left to pocl, the MLP's Adam step (6837 work items) took 116 µs; in groups of 64,
+# 70 µs. The global size is rounded up to whole groups: a work item past the end finds no element to update.
+GROUP = 64
 
 
 def _dense(name: str, **arrays: ClArray) -> None:
@@ -28,6 +31,12 @@ def _dense(name: str, **arrays: ClArray) -> None:
 
 def _lanes(dtype: Any) -> int:
     return VECTOR_BYTES // dtype.itemsize
+
+
+def _sizes(n: int, dtype: Any) -> tuple[tuple[int], tuple[int]]:
+    """Global and local sizes for ``n`` elements, a vector of them per work item."""
+    items = -(-n // _lanes(dtype))
+    return (-(-items // GROUP) * GROUP,), (GROUP,)
 
 
 #: Writes one update: (type, load(array) -> expression, store(array, value) -> statement) -> C statements.
@@ -91,7 +100,7 @@ def adam_update(device: Any, data: ClArray, grad: ClArray, m: ClArray, v: ClArra
     kernel = device.kernel(_adam_source(data.dtype), "adam")
     offsets = device.constants((n, data.offset, grad.offset, m.offset, v.offset))
     hyper = device.arguments((decay, l2, beta1, beta2, eps * c, lr * c / (1.0 - beta1**step)), data.dtype)
-    kernel(device.queue, (-(-n // _lanes(data.dtype)),), None, data.buffer, grad.buffer, m.buffer, v.buffer,
+    kernel(device.queue, *_sizes(n, data.dtype), data.buffer, grad.buffer, m.buffer, v.buffer,
            offsets, hyper)
 
 
@@ -124,5 +133,5 @@ def sgd_update(device: Any, data: ClArray, grad: ClArray, buf: ClArray | None, *
     target = buf if has_momentum and buf is not None else grad
     offsets = device.constants((n, data.offset, grad.offset, target.offset))
     hyper = device.constants((lr, momentum, dampening, weight_decay), data.dtype)
-    kernel(device.queue, (-(-n // _lanes(data.dtype)),), None, data.buffer, grad.buffer, target.buffer,
+    kernel(device.queue, *_sizes(n, data.dtype), data.buffer, grad.buffer, target.buffer,
            offsets, hyper)
