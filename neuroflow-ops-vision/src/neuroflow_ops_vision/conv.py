@@ -163,7 +163,8 @@ class Conv2d(ChannelsLastOperator):
                     target = self.weight.grad if zeroed else ws("conv.gw", self.weight.shape, x.dtype)
                     gw, gw_param = target.transpose(0, 2, 3, 1), None if zeroed else target
                 conv_gemm.backward(ws, x, g, self._wmat, gw, gx, self.geometry, self.groups, self.chunk_size(x.shape),
-                                   self._cols, self.grad_chunk_size(x.shape))
+                                   self._cols, self.grad_chunk_size(x.shape),
+                                   lambda ws: conv_gemm.flip(ws, self.weight.data, self.groups, "OIHW"))
             if gw_param is not None:
                 self.accumulate_grad(self.weight, gw_param)
             if self.has_bias and self.bias.requires_grad:
@@ -251,7 +252,6 @@ class Conv2d(ChannelsLastOperator):
                 workspace.append(conv_gemm.column_shape(grad_chunk, (h, w), sweep, self.groups, o))
                 if qh or qw:
                     workspace.append((grad_chunk, out_hw[0] + 2 * qh, out_hw[1] + 2 * qw, o))
-                workspace.append(self._wmat_shape())
         if self.output_layout == "NCHW":
             workspace += [out_nhwc, out_nhwc]  # permuted output and gradient
         if self.layout == "NCHW":

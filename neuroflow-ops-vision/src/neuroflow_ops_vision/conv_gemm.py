@@ -68,7 +68,7 @@ def forward(ws: Workspace, x: Any, wmat: Any, y: Any, geo: Geometry, groups: int
 
 def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspace], Any], gw: Any | None,
              gx: Any | None, geo: Geometry, groups: int, chunk: int, kept: Any = None,
-             grad_chunk: int | None = None) -> None:
+             grad_chunk: int | None = None, flipped_weight: Callable[[Workspace], Any] | None = None) -> None:
     """Write the weight gradient into ``gw`` (O, kh, kw, C/G) and the input gradient into ``gx``; None skips either.
 
     ``gw`` may be strided (the parameter's gradient, transposed): each chunk's
@@ -77,7 +77,9 @@ def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspac
     padded input, GEMM result), retired before ``weight_matrix(ws)`` and the
     input gradient's workspaces are taken: the two never need memory at once.
     ``grad_chunk`` (default ``chunk``) is the batch chunk of the input gradient's
-    columns when it is computed as a transposed convolution (see :func:`transposed`).
+    columns when it is computed as a transposed convolution (see :func:`transposed`),
+    with the kernel ``flipped_weight(ws)`` gives, (G, kh·kw·O/G, C/G) (default: flipped
+    from ``weight_matrix``'s, which then needs both in memory at once).
     """
     xp = ws.xp
     n = x.shape[0]
@@ -98,10 +100,9 @@ def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspac
                     else:
                         target += part.reshape(target.shape)
     if gx is not None:
-        wmat = weight_matrix(ws)
         sweep = transposed(geo)
         if sweep is not None and not geo.pointwise:
-            flipped = _flipped(ws, wmat, groups)
+            flipped = flipped_weight(ws) if flipped_weight is not None else flip(ws, weight_matrix(ws), groups)
             step = grad_chunk or chunk
             for n0 in range(0, n, step):
                 gx2 = gx[n0:n0 + step].reshape(-1, gx.shape[3])
@@ -110,6 +111,7 @@ def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspac
                 for g in range(groups):
                     xp.matmul(cols[:, g], flipped[g], out=gx2[:, g * cg:(g + 1) * cg])
             return
+        wmat = weight_matrix(ws)
         for n0 in range(0, n, chunk):
             input_grad(ws, grad[n0:n0 + chunk].reshape(-1, o), wmat, gx[n0:n0 + chunk], geo, groups, out_hw)
 
@@ -126,13 +128,15 @@ def transposed(geo: Geometry) -> Geometry | None:
     return Geometry(geo.kernel, (1, 1), (pad[0], pad[1]), geo.dilation)
 
 
-def _flipped(ws: Workspace, wmat: Any, groups: int) -> Any:
+def flip(ws: Workspace, weight: Any, groups: int, layout: str = "OHWI") -> Any:
     """(G, kh·kw·O/G, C/G): per group, the kernel flipped in both spatial axes, rows in the (i, j, o) order of
-    the gradient's columns."""
-    o, kh, kw, cg = wmat.shape
+    the gradient's columns, from ``weight`` as (O, kh, kw, C/G) ("OHWI") or (O, C/G, kh, kw) ("OIHW")."""
+    if layout == "OIHW":
+        weight = weight.transpose(0, 2, 3, 1)
+    o, kh, kw, cg = weight.shape
     og = o // groups
-    flipped = ws("conv.wflip", (groups, kh, kw, og, cg), wmat.dtype)
-    ws.xp.copyto(flipped, wmat.reshape(groups, og, kh, kw, cg)[:, :, ::-1, ::-1, :].transpose(0, 2, 3, 1, 4))
+    flipped = ws("conv.wflip", (groups, kh, kw, og, cg), weight.dtype)
+    ws.xp.copyto(flipped, weight.reshape(groups, og, kh, kw, cg)[:, :, ::-1, ::-1, :].transpose(0, 2, 3, 1, 4))
     return flipped.reshape(groups, kh * kw * og, cg)
 
 
