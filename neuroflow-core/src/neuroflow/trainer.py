@@ -239,12 +239,14 @@ class Trainer(MemoryRuntime):
                 self._attach(tracer)
             xd, yd = backend.from_host(x), backend.from_host(y)
             out = model.forward(xd)
+            # the logits are small ((batch, classes)): counted on the host, their copy started before the loss
+            # so that the loss's read back is the only wait
+            logits = backend.start_to_host(out) if self._classification else None
             value = loss_fn.forward(out, yd)
             if not math.isfinite(value):
                 raise NonFiniteLossError(self.step + 1, value, self._first_nonfinite_layer(xd))
-            if self._classification:
-                # the logits are small ((batch, classes)): counting on the host costs one read, no launches
-                correct += int((backend.to_host(out).argmax(axis=1) == y).sum())
+            if logits is not None:
+                correct += int((logits().argmax(axis=1) == y).sum())
             g = loss_fn.backward(scale=len(x) / total)
             gx = model.backward(g)
             if tracer is not None:

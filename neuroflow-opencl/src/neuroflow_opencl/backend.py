@@ -12,7 +12,7 @@ from neuroflow_opencl import fused
 from neuroflow_opencl.array import ClArray, is_array
 from neuroflow_opencl.device import NO_PLATFORM_HELP, Device, all_devices
 from neuroflow_opencl.offload import Offloader, Unloaded
-from neuroflow_opencl.transfer import from_host, to_host
+from neuroflow_opencl.transfer import from_host, start_to_host, to_host
 
 
 class OpenclBackend(Backend):
@@ -68,6 +68,9 @@ class OpenclBackend(Backend):
 
     def to_host(self, array: Any) -> np.ndarray:
         return to_host(array) if is_array(array) else np.asarray(array)
+
+    def start_to_host(self, array: Any) -> Callable[[], np.ndarray]:
+        return start_to_host(array) if is_array(array) else super().start_to_host(array)
 
     # ---------------------------------------------------------------- memory
     def free_bytes(self) -> int:

@@ -92,6 +92,15 @@ class Backend:
         """A numpy array with the contents of device array ``array`` (waits for pending work)."""
         return np.asarray(array)
 
+    def start_to_host(self, array: Any) -> Callable[[], np.ndarray]:
+        """Start copying ``array`` to the host; calling the result returns the numpy copy.
+
+        A backend that queues work can start the copy now and have it done by the next host wait, which
+        spares the caller a wait of its own (the Trainer reads the logits for accuracy so, and then the
+        loss). The caller must not write ``array`` before calling the result. This default copies then.
+        """
+        return lambda: self.to_host(array)
+
     def synchronize(self) -> None:
         """Wait until all queued work on this device is done (one host wait per step)."""
 
