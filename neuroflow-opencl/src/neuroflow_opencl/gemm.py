@@ -27,6 +27,7 @@ import numpy as np
 from neuroflow_opencl import gemm_source
 from neuroflow_opencl.array import ClArray, empty, is_array
 from neuroflow_opencl.elementwise import apply
+from neuroflow_opencl.reduction import reduce
 from neuroflow_opencl.views import broadcast_shapes, broadcast_strides, collapse
 
 VARIANTS: tuple[str, ...] = ("tiled", "rows", "dots", "scalar")
@@ -80,6 +81,46 @@ def matmul(a: ClArray, b: ClArray, out: ClArray | None = None, bias: ClArray | N
 #: Runs one planned product: (A, B, C, bias or None).
 Plan = Callable[[ClArray, ClArray, ClArray, "ClArray | None"], None]
 _PLANS: dict[Any, Plan] = {}
+#: Runs one planned product with the sums of A's rows: (A, B, C, sums).
+SumsPlan = Callable[[ClArray, ClArray, ClArray, ClArray], None]
+_SUMS_PLANS: dict[Any, SumsPlan] = {}
+
+
+def matmul_and_row_sums(a: ClArray, b: ClArray, out: ClArray, sums: ClArray) -> None:
+    """``out = a @ b`` and ``sums = a.sum(axis=1)`` for matrices of one float dtype (a Linear layer's weight and
+    bias gradients, ``a`` being the output gradient transposed): one launch where the product runs as ``rows``
+    in its own orientation into a dense ``out``, else the product and a reduction."""
+    if not all(is_array(x) and x.ndim == n for x, n in ((a, 2), (b, 2), (out, 2), (sums, 1))):
+        raise ValueError("matmul_and_row_sums takes device matrices a, b, out and a vector sums")
+    (m, k), n = a.shape, b.shape[1]
+    if b.shape[0] != k or out.shape != (m, n) or sums.shape != (m,):
+        raise ValueError(f"matmul_and_row_sums: {a.shape} @ {b.shape} gives ({m}, {n}) and {m} row sums; got out "
+                         f"{out.shape} and sums {sums.shape}")
+    if len({a.dtype, b.dtype, out.dtype, sums.dtype}) != 1 or out.dtype.kind != "f":
+        raise TypeError(f"matmul_and_row_sums needs one float dtype; got {a.dtype}, {b.dtype}, {out.dtype}, "
+                        f"{sums.dtype}")
+    key = (a.shape, a.estrides, b.shape, b.estrides, out.estrides, sums.estrides, out.dtype, out.device,
+           os.environ.get("NEUROFLOW_OPENCL_GEMM"))
+    plan = _SUMS_PLANS.get(key)
+    if plan is None:
+        plan = _SUMS_PLANS[key] = _sums_plan(a, b, out, sums, m, n, k)
+    plan(a, b, out, sums)
+
+
+def _sums_plan(a: ClArray, b: ClArray, c: ClArray, sums: ClArray, m: int, n: int, k: int) -> SumsPlan:
+    a_sm, a_sk, b_sk, b_sn, c_sm, c_sn = (1 if size == 1 else s for size, s in zip(
+        (m, k, k, n, m, n), (*a.estrides, *b.estrides, *c.estrides), strict=True))
+    variant = _variant(c.device, m, n, a_sm, a_sk, b_sk, b_sn)
+    if (m and n and variant == "rows" and c_sn == 1 and b_sn == 1 and n >= 4
+            and not _transpose(m, n, k, a_sm == 1 and m >= 4, True, (c_sm, c_sn), 64 // c.dtype.itemsize)):
+        return _launch(variant, (a_sm, a_sk, ()), (b_sk, b_sn, ()), (c_sm, c_sn, ()), c.dtype, a.dtype, b.dtype,
+                       1, m, n, k, None, "row", c.device, sums.estrides[0])
+
+    def product_then_sums(a: ClArray, b: ClArray, c: ClArray, sums: ClArray) -> None:
+        matmul(a, b, out=c)
+        reduce("sum", a, axis=1, out=sums)
+
+    return product_then_sums
 
 
 def _gemm(a: ClArray, b: ClArray, c: ClArray, batch: tuple[int, ...], m: int, n: int, k: int,
@@ -175,9 +216,11 @@ def _variant(device: Any, m: int, n: int, a_sm: int, a_sk: int, b_sk: int, b_sn:
 
 def _launch(variant: str, a_layout: tuple[int, int, tuple[int, ...]], b_layout: tuple[int, int, tuple[int, ...]],
             c_layout: tuple[int, int, tuple[int, ...]], out_dtype: np.dtype, a_dtype: np.dtype, b_dtype: np.dtype,
-            nb: int, m: int, n: int, k: int, bias_stride: int | None, bias_along: str, device: Any) -> Plan:
+            nb: int, m: int, n: int, k: int, bias_stride: int | None, bias_along: str, device: Any,
+            sums_stride: int | None = None) -> Any:
     """The launch of one kernel for this layout; ``bias_along`` says whether a bias (of stride ``bias_stride``)
-    runs along C's rows (one value per column) or its columns (one per row, when C is computed transposed)."""
+    runs along C's rows (one value per column) or its columns (one per row, when C is computed transposed).
+    With ``sums_stride`` (``rows`` only) the launch is a ``SumsPlan``, else a ``Plan``."""
     (a_sm, a_sk, bsa), (b_sk, b_sn, bsb), (c_sm, c_sn, bsc) = a_layout, b_layout, c_layout
     strides = (a_sm, a_sk, b_sk, b_sn, c_sm, c_sn)
     dtypes = (out_dtype, a_dtype, b_dtype)
@@ -198,9 +241,10 @@ def _launch(variant: str, a_layout: tuple[int, int, tuple[int, ...]], b_layout: 
             width = next(w for w in (lanes, 8, 4) if w <= n)
             vectors = 2 if n >= 2 * width else 1  # 8 × 2 accumulators: half of AVX-512's 32 registers
             k_block = K_BLOCK if k > K_BLOCK and k * n * b_dtype.itemsize > K_BLOCK_ABOVE_BYTES else 0
-            fixed = (*strides, *batch_strides, m, n, k, *((bias_stride,) if fused_bias else ()))
-            source = gemm_source.rows_source(*dtypes, rows, width, vectors, k_block,
-                                             bias_along if fused_bias else "", fixed=fixed)
+            fixed = (*strides, *batch_strides, m, n, k, *((bias_stride,) if fused_bias else ()),
+                     *((sums_stride,) if sums_stride is not None else ()))
+            source = gemm_source.rows_source(*dtypes, rows, width, vectors, k_block, bias_along if fused_bias else "",
+                                             fixed=fixed, sums=sums_stride is not None)
             cols = width * vectors
         elif variant == "dots":
             rows, cols = min(4, 1 << (m - 1).bit_length()), min(4, 1 << (n - 1).bit_length())
@@ -214,8 +258,12 @@ def _launch(variant: str, a_layout: tuple[int, int, tuple[int, ...]], b_layout: 
             size, local = _cpu_sizes(math.ceil(n / cols), math.ceil(m / rows), nb)
     if variant == "rows":
         kernel = device.kernel(source, "gemm")
-        kernel.set_scalar_arg_dtypes([None] * (3 + fused_bias) + [np.int64] * (3 + fused_bias))
+        extra = int(fused_bias or sums_stride is not None)  # never both: a bias is Linear's forward, sums its backward
+        kernel.set_scalar_arg_dtypes([None] * (3 + extra) + [np.int64] * (3 + extra))
         queue = device.queue
+        if sums_stride is not None:
+            return lambda a, b, c, sums: kernel(queue, size, local, a.buffer, b.buffer, c.buffer, sums.buffer,
+                                                a.offset, b.offset, c.offset, sums.offset)
         if fused_bias:
             return lambda a, b, c, bias: kernel(queue, size, local, a.buffer, b.buffer, c.buffer, bias.buffer,  # type: ignore[union-attr]
                                                 a.offset, b.offset, c.offset, bias.offset)  # type: ignore[union-attr]

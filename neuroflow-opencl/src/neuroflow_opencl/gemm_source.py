@@ -41,14 +41,16 @@ FIXED = (*STRIDES, "a_sb", "b_sb", "c_sb", "M", "N", "K")
 
 
 def _header(t: str, ta: str, tb: str, unit: tuple[bool, ...], attributes: str = "", bias: bool = False,
-            fixed: tuple[int, ...] | None = None) -> str:
+            fixed: tuple[int, ...] | None = None, sums: bool = False) -> str:
     """The kernel's signature and its sizes, strides and offsets as locals: read from P, or with ``fixed`` (the
-    values of ``FIXED``, then a bias stride) compiled in, the offsets then being scalar arguments."""
+    values of ``FIXED``, then the strides of a bias D and of row sums E) compiled in, the offsets then being
+    scalar arguments."""
     buffers = [f"__global const {ta}* restrict A", f"__global const {tb}* restrict B", f"__global {t}* restrict C",
-               *([f"__global const {t}* restrict D"] if bias else [])]
+               *([f"__global const {t}* restrict D"] if bias else []), *([f"__global {t}* restrict E"] if sums else [])]
     if fixed is not None:
-        offsets = ["a_off", "b_off", "c_off", *(["d_off"] if bias else [])]
-        values = "\n".join(f"    const long {n} = {v};" for n, v in zip((*FIXED, "d_s"), fixed, strict=False))
+        offsets = ["a_off", "b_off", "c_off", *(["d_off"] if bias else []), *(["e_off"] if sums else [])]
+        names = (*FIXED, *(["d_s"] if bias else []), *(["e_s"] if sums else []))
+        values = "\n".join(f"    const long {n} = {v};" for n, v in zip(names, fixed, strict=True))
         return f"""{attributes}__kernel void gemm({', '.join([*buffers, *(f"long {n}" for n in offsets)])})
 {{
 {values}
@@ -70,14 +72,16 @@ def _header(t: str, ta: str, tb: str, unit: tuple[bool, ...], attributes: str = 
 
 @cache
 def rows_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, rows: int, width: int,
-                vectors: int = 1, k_block: int = 0, bias: str = "", *, fixed: tuple[int, ...]) -> str:
+                vectors: int = 1, k_block: int = 0, bias: str = "", *, fixed: tuple[int, ...], sums: bool = False) -> str:
     """``rows`` × ``vectors``·``width`` of C per work item; ``k_block`` > 0 adds a work-group barrier every
     ``k_block`` steps of k, so that pocl, which runs a group's work items one after another between
     barriers, walks every item over one k-slice of A and B while that slice is still in cache.
 
     ``bias`` adds a vector D to the product before the store, as a separate add would: ``row`` one value per
     column of C, ``column`` one per row. ``fixed`` gives the values of ``FIXED``, then the bias stride, to
-    compile in (the kernel is made per layout; see the module docstring)."""
+    compile in (the kernel is made per layout; see the module docstring). ``sums`` also writes the sums of
+    A's rows over k into a vector E (its stride last in ``fixed``): Linear's bias gradient beside its weight
+    gradient, from the values of A the product loads anyway."""
     t, ta, tb = c_type(out_dtype), c_type(a_dtype), c_type(b_dtype)
     v = f"{t}{width}"
     span = width * vectors
@@ -93,8 +97,10 @@ def rows_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, rows: int, width: in
     ]
     acc = [(i, q) for i in range(rows) for q in range(vectors)]
     lines += [f"    {v} c{i}_{q} = 0;" for i, q in acc]
+    lines += [f"    {t} s{i} = 0;" for i in range(rows) if sums]
     body = [f"        const {v} y{q} = convert_{v}(vload{width}(0, b + p * b_sk + {q * width}));" for q in range(vectors)]
     body += [f"        const {t} x{i} = ({t})a[{i} * a_sm + p * a_sk];" for i in range(rows)]
+    body += [f"        s{i} += x{i};" for i in range(rows) if sums]
     body += [f"        c{i}_{q} = x{i} * y{q} + c{i}_{q};" for i, q in acc]
     if k_block:
         lines.append(f"    for (long p0 = 0; p0 < K; p0 += {k_block}) {{")
@@ -107,6 +113,10 @@ def rows_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, rows: int, width: in
     else:
         lines.append("    for (long p = 0; p < K; ++p) {")
         lines += body
+        lines.append("    }")
+    if sums:  # the first column of work items writes them (a shifted last row block writes equal values twice)
+        lines.append("    if (get_global_id(0) == 0) {")
+        lines += [f"        E[e_off + (m0 + {i}) * e_s] = s{i};" for i in range(rows)]
         lines.append("    }")
     lines.append(f"    __global {t}* c = C + c_off + n0 * c_sn;")
     for i in range(rows):
@@ -123,7 +133,7 @@ def rows_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, rows: int, width: in
             lines += [f"            c[(m0 + {i}) * c_sm + {q * width + j} * c_sn] = c{i}_{q}.s{j:x};" for j in range(width)]
             lines.append("        }")
         lines.append("    }")
-    header = _header(t, ta, tb, (), bias=bool(bias), fixed=fixed)
+    header = _header(t, ta, tb, (), bias=bool(bias), fixed=fixed, sums=sums)
     return preamble(out_dtype, a_dtype, b_dtype) + header + "\n".join(line for line in lines if line) + "\n}\n"
 
 

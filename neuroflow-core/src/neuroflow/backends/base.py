@@ -121,6 +121,8 @@ class Backend:
           ``leaky_relu`` (cached input), ``sigmoid`` and ``tanh`` (cached output)
         - ``linear(x, weight, bias, out) -> out``: ``out = x @ weight.T + bias`` for ``x`` (n, in), ``weight``
           (out, in), ``bias`` (out,)
+        - ``linear_weight_grad(g, x, gw, gb)``: ``gw = g.T @ x`` and ``gb = g.sum(axis=0)`` for ``g`` (n, out)
+          and ``x`` (n, in)
         """
         return None
 

@@ -60,6 +60,24 @@ class Linear(Operator):
         g2 = grad_out.reshape(-1, self.out_features)
         if g2.shape[0] != x2.shape[0]:
             raise ShapeError(f"{self!r}.backward got gradient of shape {grad_out.shape}; forward batch was {x2.shape[0]}")
+        both = self.weight.requires_grad and self.has_bias and self.bias.requires_grad
+        fused = self.fused("linear_weight_grad", g2) if both else None
+        if fused is not None:
+            (gw, add_w), (gb, add_b) = self.grad_target(self.weight, "gw"), self.grad_target(self.bias, "gb")
+            fused(g2, x2, gw, gb)
+            if add_w:
+                self.accumulate_grad(self.weight, gw)
+            if add_b:
+                self.accumulate_grad(self.bias, gb)
+        else:
+            self._weight_and_bias_grads(xp, g2, x2)
+        if not self.needs_input_grad:
+            return None
+        gx = self.buffer("gx", x2.shape, x2.dtype)
+        xp.matmul(g2, self.weight.data, out=gx)
+        return gx.reshape(*grad_out.shape[:-1], self.in_features)
+
+    def _weight_and_bias_grads(self, xp: Any, g2: Any, x2: Any) -> None:
         if self.weight.requires_grad:
             gw, add = self.grad_target(self.weight, "gw")
             xp.matmul(g2.T, x2, out=gw)
@@ -70,11 +88,6 @@ class Linear(Operator):
             xp.sum(g2, axis=0, out=gb)
             if add:
                 self.accumulate_grad(self.bias, gb)
-        if not self.needs_input_grad:
-            return None
-        gx = self.buffer("gx", x2.shape, x2.dtype)
-        xp.matmul(g2, self.weight.data, out=gx)
-        return gx.reshape(*grad_out.shape[:-1], self.in_features)
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
         if tuple(input_shape[-1:]) != (self.in_features,):

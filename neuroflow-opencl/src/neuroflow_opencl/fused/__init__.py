@@ -22,6 +22,7 @@ KERNELS: dict[str, Callable[..., Any]] = {
     "softmax_cross_entropy_backward": cross_entropy.softmax_cross_entropy_backward,
     "activation_backward": activation.activation_backward,
     "linear": linear.linear,
+    "linear_weight_grad": linear.linear_weight_grad,
 }
 
 
