@@ -15,6 +15,7 @@ from neuroflow import debug as debug_checks
 from neuroflow.backends.selection import get_backend
 from neuroflow.composites import input_layer
 from neuroflow.errors import ConfigError, NonFiniteLossError
+from neuroflow.fusion import fuse
 from neuroflow.history import History
 from neuroflow.losses.base import Loss
 from neuroflow.losses.cross_entropy import CrossEntropy
@@ -23,7 +24,6 @@ from neuroflow.memory.compression import GradientCompressor, build_compressor
 from neuroflow.memory.flat import FlatParameters
 from neuroflow.memory.offload import OffloadManager
 from neuroflow.memory.runtime import MemoryRuntime
-from neuroflow.fusion import fuse
 from neuroflow.memory.trace import TracingPool
 from neuroflow.operator import Operator
 from neuroflow.progress import EpochProgress, print_epoch_metrics
