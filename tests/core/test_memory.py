@@ -46,21 +46,27 @@ def data(n, features, classes, seed=0):
     return rng.standard_normal((n, features)).astype(np.float32), rng.integers(0, classes, n)
 
 
+def train_planned_and_direct(make, x, y, optimizer):
+    """Train ``make()`` for 3 epochs with the planned arena and with direct allocation; assert the weights are
+    bit-identical (memory reused too early would change them) and return the arena's trainer."""
+    runs, planned = [], None
+    for allocator in ("arena", "direct"):
+        trainer = nf.Trainer(make(), optimizer=optimizer(), batch_size=16, seed=1, allocator=allocator,
+                             progress=False)
+        trainer.fit((x, y), epochs=3)
+        runs.append([p.data.copy() for p in trainer.model.parameters()])
+        planned = planned or trainer
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    return planned
+
+
 @pytest.mark.parametrize("make", [lambda: mlp(3), branchy])
 def test_planned_arena_training_matches_unplanned_training_bit_for_bit(make):
     features = 784 if make().layers[0].in_features == 784 else 20
     x, y = data(48, features, 5)
-    runs = []
-    for allocator in ("arena", "direct"):
-        trainer = nf.Trainer(make(), optimizer=nf.optim.AdamW(lr=1e-2), batch_size=16, seed=1,
-                             allocator=allocator, progress=False)
-        trainer.fit((x, y), epochs=3)
-        runs.append([p.data.copy() for p in trainer.model.parameters()])
-        if allocator == "arena":
-            plan = trainer._plan
-            assert plan is not None and plan.arena_bytes < plan.unshared_bytes  # buffers really are shared
-    for a, b in zip(*runs):
-        np.testing.assert_array_equal(a, b)
+    plan = train_planned_and_direct(make, x, y, lambda: nf.optim.AdamW(lr=1e-2))._plan
+    assert plan is not None and plan.arena_bytes < plan.unshared_bytes  # buffers really are shared
 
 
 def nested_residuals(seed=0):
@@ -285,26 +291,18 @@ def _slots_by_owner(plan):
 
 def test_an_output_no_backward_reads_dies_when_its_consumer_has_read_it():
     x, y = data(48, 20, 5)
-    runs = []
-    for allocator in ("arena", "direct"):
-        trainer = nf.Trainer(dropping_chain(), optimizer=nf.optim.SGD(lr=0.1, momentum=0.9), batch_size=16, seed=1,
-                             allocator=allocator, progress=False)
-        trainer.fit((x, y), epochs=3)
-        runs.append([p.data.copy() for p in trainer.model.parameters()])
-        if allocator == "arena":
-            model, slots = trainer.model, _slots_by_owner(trainer._plan)
-            first_backward = min(s.start for s in trainer._plan.slots if s.key == "gx")
-            dropped = slots[id(model[0]), "y"]
-            assert dropped.dropped_at >= 0 and dropped.end < first_backward  # dies in forward, after ReLU
-            tanh = slots[id(model[5]), "y"]  # Tanh's backward reads its output
-            assert tanh.dropped_at < 0 and tanh.end > first_backward
-            # Read by the backward of LeakyReLU, and (through a view) of the Linear after Reshaped: each dies when
-            # that reader is done, before the Linear that made it runs its backward.
-            for producer in (model[7][0], model[2]):
-                tied, made_by = slots[id(producer), "y"], slots[id(producer), "gx"]
-                assert first_backward < tied.dropped_at == tied.end < made_by.start
-    for a, b in zip(*runs):
-        np.testing.assert_array_equal(a, b)  # the memory reused after a drop was never read again
+    trainer = train_planned_and_direct(dropping_chain, x, y, lambda: nf.optim.SGD(lr=0.1, momentum=0.9))
+    model, slots = trainer.model, _slots_by_owner(trainer._plan)
+    first_backward = min(s.start for s in trainer._plan.slots if s.key == "gx")
+    dropped = slots[id(model[0]), "y"]
+    assert dropped.dropped_at >= 0 and dropped.end < first_backward  # dies in forward, after ReLU
+    tanh = slots[id(model[5]), "y"]  # Tanh's backward reads its output
+    assert tanh.dropped_at < 0 and tanh.end > first_backward
+    # Read by the backward of LeakyReLU, and (through a view) of the Linear after Reshaped: each dies when
+    # that reader is done, before the Linear that made it runs its backward.
+    for producer in (model[7][0], model[2]):
+        tied, made_by = slots[id(producer), "y"], slots[id(producer), "gx"]
+        assert first_backward < tied.dropped_at == tied.end < made_by.start
 
 
 def test_dropping_shrinks_the_arena_of_a_conv_style_chain():

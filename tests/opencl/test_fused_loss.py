@@ -10,18 +10,7 @@ import pytest
 from neuroflow.errors import ShapeError
 from neuroflow.losses import CrossEntropy
 
-pytest.importorskip("pyopencl")
-from neuroflow_opencl.backend import OpenclBackend  # noqa: E402
-
-if not OpenclBackend.is_available():
-    pytest.skip("no OpenCL device", allow_module_level=True)
-
-
-@pytest.fixture
-def backend():
-    from neuroflow.backends.selection import get_backend
-
-    return get_backend("opencl")
+# ``backend``: the shared opencl fixture (tests/opencl/conftest.py), which skips without a driver.
 
 
 def _fused_loss(backend, smoothing=0.0):

@@ -7,19 +7,11 @@ import pytest
 
 import neuroflow as nf
 from neuroflow import ops
-from neuroflow.backends.selection import get_backend
 
 pytest.importorskip("pyopencl")
-from neuroflow_opencl.backend import OpenclBackend  # noqa: E402
 from neuroflow_opencl.offload import Unloaded  # noqa: E402
 
-if not OpenclBackend.is_available():
-    pytest.skip("no OpenCL device", allow_module_level=True)
-
-
-@pytest.fixture
-def backend():
-    return get_backend("opencl")
+# ``backend``: the shared opencl fixture (tests/opencl/conftest.py), which skips without a driver.
 
 
 def test_unload_reads_after_queued_writes_and_releases_device_memory(backend):

@@ -51,12 +51,8 @@ class Sequential(Operator):
     @property
     def _run(self) -> list[Operator]:
         """The layers as they execute: fused where :meth:`use_fused_layers` fused them and nothing changed since."""
-        fused = self._fused
-        if fused is not None and len(fused[0]) == len(self.layers) and all(
-            a is b for a, b in zip(fused[0], self.layers)
-        ):
-            return fused[1]
-        return self.layers
+        fused = self._fused  # operators compare by identity, so equal tuples hold the very same layers
+        return fused[1] if fused is not None and fused[0] == tuple(self.layers) else self.layers
 
     @property
     def backward_reads_input(self) -> bool:  # type: ignore[override]

@@ -164,7 +164,7 @@ class Conv2d(ChannelsLastOperator):
                     gw, gw_param = target.transpose(0, 2, 3, 1), None if zeroed else target
                 conv_gemm.backward(ws, x, g, self._wmat, gw, gx, self.geometry, self.groups, self.chunk_size(x.shape),
                                    self._cols, self.grad_chunk_size(x.shape),
-                                   lambda ws: conv_gemm.flip(ws, self.weight.data, self.groups, "OIHW"))
+                                   lambda ws: conv_gemm.flip(ws, self.weight.data, self.groups))
             if gw_param is not None:
                 self.accumulate_grad(self.weight, gw_param)
             if self.has_bias and self.bias.requires_grad:
@@ -204,7 +204,10 @@ class Conv2d(ChannelsLastOperator):
     def chunk_size(self, nhwc: tuple[int, ...]) -> int:
         """Samples per im2col chunk for an NHWC input shape under ``max_workspace_bytes``."""
         n = int(nhwc[0])
-        per_sample = self.workspace_bytes_per_sample((int(nhwc[1]), int(nhwc[2])))
+        return self._samples_within_workspace(n, self.workspace_bytes_per_sample((int(nhwc[1]), int(nhwc[2]))))
+
+    def _samples_within_workspace(self, n: int, per_sample: int) -> int:
+        """How many of ``n`` samples (at least one) fit ``max_workspace_bytes`` at ``per_sample`` bytes each."""
         if self.max_workspace_bytes is None or per_sample == 0:
             return max(n, 1)
         return max(1, min(n, self.max_workspace_bytes // per_sample))
@@ -214,14 +217,13 @@ class Conv2d(ChannelsLastOperator):
         a transposed convolution (padded output gradient and its columns per sample)."""
         n, hw = int(nhwc[0]), (int(nhwc[1]), int(nhwc[2]))
         sweep = conv_gemm.transposed(self.geometry)
-        if self.max_workspace_bytes is None or sweep is None or self._depthwise or self.geometry.pointwise:
+        if sweep is None or self._depthwise or self.geometry.pointwise:
             return max(n, 1)
         ho, wo = self.geometry.out_hw(hw)
         (qh, qw), (kh, kw) = sweep.padding, self.kernel_size
         padded = (ho + 2 * qh) * (wo + 2 * qw) * self.out_channels if (qh or qw) else 0
         cols = hw[0] * hw[1] * kh * kw * (self.out_channels // self.groups) * self.groups
-        per_sample = (padded + cols) * np.dtype(self.weight.data.dtype).itemsize
-        return max(1, min(n, self.max_workspace_bytes // per_sample))
+        return self._samples_within_workspace(n, (padded + cols) * np.dtype(self.weight.data.dtype).itemsize)
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
         shape = tuple(input_shape)

@@ -78,8 +78,8 @@ def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspac
     input gradient's workspaces are taken: the two never need memory at once.
     ``grad_chunk`` (default ``chunk``) is the batch chunk of the input gradient's
     columns when it is computed as a transposed convolution (see :func:`transposed`),
-    with the kernel ``flipped_weight(ws)`` gives, (G, kh·kw·O/G, C/G) (default: flipped
-    from ``weight_matrix``'s, which then needs both in memory at once).
+    with the kernel ``flipped_weight(ws)`` gives (see :func:`flip`); without it the
+    input gradient takes the per-tap method.
     """
     xp = ws.xp
     n = x.shape[0]
@@ -101,8 +101,8 @@ def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspac
                         target += part.reshape(target.shape)
     if gx is not None:
         sweep = transposed(geo)
-        if sweep is not None and not geo.pointwise:
-            flipped = flipped_weight(ws) if flipped_weight is not None else flip(ws, weight_matrix(ws), groups)
+        if sweep is not None and flipped_weight is not None and not geo.pointwise:
+            flipped = flipped_weight(ws)
             step = grad_chunk or chunk
             for n0 in range(0, n, step):
                 gx2 = gx[n0:n0 + step].reshape(-1, gx.shape[3])
@@ -128,11 +128,10 @@ def transposed(geo: Geometry) -> Geometry | None:
     return Geometry(geo.kernel, (1, 1), (pad[0], pad[1]), geo.dilation)
 
 
-def flip(ws: Workspace, weight: Any, groups: int, layout: str = "OHWI") -> Any:
-    """(G, kh·kw·O/G, C/G): per group, the kernel flipped in both spatial axes, rows in the (i, j, o) order of
-    the gradient's columns, from ``weight`` as (O, kh, kw, C/G) ("OHWI") or (O, C/G, kh, kw) ("OIHW")."""
-    if layout == "OIHW":
-        weight = weight.transpose(0, 2, 3, 1)
+def flip(ws: Workspace, weight: Any, groups: int) -> Any:
+    """(G, kh·kw·O/G, C/G): per group, the kernel ``weight`` (O, C/G, kh, kw) flipped in both spatial axes,
+    rows in the (i, j, o) order of the gradient's columns."""
+    weight = weight.transpose(0, 2, 3, 1)
     o, kh, kw, cg = weight.shape
     og = o // groups
     flipped = ws("conv.wflip", (groups, kh, kw, og, cg), weight.dtype)
