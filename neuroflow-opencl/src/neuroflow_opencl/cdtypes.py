@@ -34,3 +34,24 @@ def preamble(*dtypes: Any) -> str:
     if any(np.dtype(d) == np.float64 for d in dtypes):
         return "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
     return ""
+
+
+def vector_types(*types: str, widths: tuple[int, ...]) -> str:
+    """Typedefs ``<type><width>_u``: each vector type aligned as its element, for ``vector_load``/``vector_store``."""
+    return "".join(f"typedef {t}{w} __attribute__((aligned(sizeof({t})))) {t}{w}_u;\n"
+                   for t in dict.fromkeys(types) for w in dict.fromkeys(widths))
+
+
+def vector_load(t: str, width: int, address: str) -> str:
+    """A load of ``width`` elements of type ``t`` from ``address`` (any element offset), as ``vload<width>`` reads.
+
+    Through a pointer to the element-aligned vector type (``vector_types``), the compiler emits one vector
+    instruction; pocl 3.0 instead calls ``vloadN``/``vstoreN`` (like its other builtins) as functions, and a
+    call spills every vector register: the MLP's first-layer GEMM ran 4× slower with them.
+    """
+    return f"(*(__global const {t}{width}_u*)({address}))"
+
+
+def vector_store(t: str, width: int, value: str, address: str) -> str:
+    """The statement storing the ``width``-vector ``value`` at ``address`` (see ``vector_load``)."""
+    return f"*(__global {t}{width}_u*)({address}) = {value};"

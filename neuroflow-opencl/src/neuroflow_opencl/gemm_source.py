@@ -32,7 +32,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from neuroflow_opencl.cdtypes import c_type, preamble
+from neuroflow_opencl.cdtypes import c_type, preamble, vector_load, vector_store, vector_types
 
 STRIDES = ("a_sm", "a_sk", "b_sk", "b_sn", "c_sm", "c_sn")
 TILE_K = 16
@@ -98,7 +98,8 @@ def rows_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, rows: int, width: in
     acc = [(i, q) for i in range(rows) for q in range(vectors)]
     lines += [f"    {v} c{i}_{q} = 0;" for i, q in acc]
     lines += [f"    {t} s{i} = 0;" for i in range(rows) if sums]
-    body = [f"        const {v} y{q} = convert_{v}(vload{width}(0, b + p * b_sk + {q * width}));" for q in range(vectors)]
+    body = [f"        const {v} y{q} = convert_{v}({vector_load(tb, width, f'b + p * b_sk + {q * width}')});"
+            for q in range(vectors)]
     body += [f"        const {t} x{i} = ({t})a[{i} * a_sm + p * a_sk];" for i in range(rows)]
     body += [f"        s{i} += x{i};" for i in range(rows) if sums]
     body += [f"        c{i}_{q} = x{i} * y{q} + c{i}_{q};" for i, q in acc]
@@ -125,22 +126,24 @@ def rows_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, rows: int, width: in
             lines += [f"      c{i}_{q} += d;" for q in range(vectors)]
             lines.append("    }")
         elif bias == "row":
-            lines += [f"    c{i}_{q} += {_bias_row(v, width, q)};" for q in range(vectors)]
+            lines += [f"    c{i}_{q} += {_bias_row(t, width, q)};" for q in range(vectors)]
         lines.append("    {")
         for q in range(vectors):
-            lines.append(f"        if (c_sn == 1) vstore{width}(c{i}_{q}, 0, c + (m0 + {i}) * c_sm + {q * width});")
+            store = vector_store(t, width, f"c{i}_{q}", f"c + (m0 + {i}) * c_sm + {q * width}")
+            lines.append(f"        if (c_sn == 1) {store}")
             lines.append("        else {")
             lines += [f"            c[(m0 + {i}) * c_sm + {q * width + j} * c_sn] = c{i}_{q}.s{j:x};" for j in range(width)]
             lines.append("        }")
         lines.append("    }")
     header = _header(t, ta, tb, (), bias=bool(bias), fixed=fixed, sums=sums)
-    return preamble(out_dtype, a_dtype, b_dtype) + header + "\n".join(line for line in lines if line) + "\n}\n"
+    return (preamble(out_dtype, a_dtype, b_dtype) + vector_types(t, tb, widths=(width,)) + header
+            + "\n".join(line for line in lines if line) + "\n}\n")
 
 
-def _bias_row(vector: str, width: int, q: int) -> str:
+def _bias_row(t: str, width: int, q: int) -> str:
     """The bias values of accumulator column block ``q``: a vector load when D is dense, else gathered."""
     lanes = ", ".join(f"D[d_off + (n0 + {q * width + j}) * d_s]" for j in range(width))
-    return f"(d_s == 1 ? vload{width}(0, D + d_off + n0 + {q * width}) : ({vector})({lanes}))"
+    return f"(d_s == 1 ? {vector_load(t, width, f'D + d_off + n0 + {q * width}')} : ({t}{width})({lanes}))"
 
 
 @cache
@@ -158,8 +161,8 @@ def dots_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, unit: tuple[bool, ..
     lines += [f"    {v} c{i}{j} = 0;" for i in range(rows) for j in range(cols)]
     lines.append(f"    const long kv = K - K % {width};")
     lines.append(f"    for (long p = 0; p < kv; p += {width}) {{")
-    lines += [f"        const {v} x{i} = convert_{v}(vload{width}(0, a{i} + p));" for i in range(rows)]
-    lines += [f"        const {v} y{j} = convert_{v}(vload{width}(0, b{j} + p));" for j in range(cols)]
+    lines += [f"        const {v} x{i} = convert_{v}({vector_load(ta, width, f'a{i} + p')});" for i in range(rows)]
+    lines += [f"        const {v} y{j} = convert_{v}({vector_load(tb, width, f'b{j} + p')});" for j in range(cols)]
     lines += [f"        c{i}{j} = x{i} * y{j} + c{i}{j};" for i in range(rows) for j in range(cols)]
     lines.append("    }")
     lanes = " + ".join(f"c{{i}}{{j}}.s{q:x}" for q in range(width))
@@ -169,7 +172,8 @@ def dots_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, unit: tuple[bool, ..
     lines.append("    }")
     lines += [f"    if (m0 + {i} < M && n0 + {j} < N) C[c_off + (m0 + {i}) * c_sm + (n0 + {j}) * c_sn] = s{i}{j};"
               for i in range(rows) for j in range(cols)]
-    return preamble(out_dtype, a_dtype, b_dtype) + _header(t, ta, tb, unit) + "\n".join(lines) + "\n}\n"
+    return (preamble(out_dtype, a_dtype, b_dtype) + vector_types(ta, tb, widths=(width,)) + _header(t, ta, tb, unit)
+            + "\n".join(lines) + "\n}\n")
 
 
 @cache

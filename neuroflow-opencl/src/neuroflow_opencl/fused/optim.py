@@ -15,7 +15,7 @@ from functools import cache
 from typing import Any
 
 from neuroflow_opencl.array import ClArray
-from neuroflow_opencl.cdtypes import c_type, preamble
+from neuroflow_opencl.cdtypes import c_type, preamble, vector_load, vector_store, vector_types
 
 VECTOR_BYTES = 64
 # Work items per work group. Left to pocl, the MLP's Adam step (6837 work items) took 116 µs; in groups of 64,
@@ -46,9 +46,10 @@ Update = Callable[[str, Callable[[str], str], Callable[[str, str], str]], list[s
 def _vectorised(name: str, dtype: Any, params: str, setup: str, update: Update) -> str:
     """A kernel whose work item applies ``update`` to one vector of elements, or to the tail one by one."""
     t, lanes = c_type(dtype), _lanes(dtype)
-    vector = update(f"{t}{lanes}", lambda a: f"vload{lanes}(0, {a} + i)", lambda a, x: f"vstore{lanes}({x}, 0, {a} + i);")
+    vector = update(f"{t}{lanes}", lambda a: vector_load(t, lanes, f"{a} + i"),
+                    lambda a, x: vector_store(t, lanes, x, f"{a} + i"))
     scalar = update(t, lambda a: f"{a}[i]", lambda a, x: f"{a}[i] = {x};")
-    return preamble(dtype) + f"""__kernel void {name}({params}, __global const long* restrict P,
+    return preamble(dtype) + vector_types(t, widths=(lanes,)) + f"""__kernel void {name}({params}, __global const long* restrict P,
                    __global const {t}* restrict F)
 {{
     const long n = P[0];
