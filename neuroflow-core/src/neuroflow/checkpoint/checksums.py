@@ -37,9 +37,13 @@ def _fastest_crc32() -> Callable[..., int]:
 crc32: Callable[..., int] = _fastest_crc32()
 
 
+#: ``json.dumps(value, sort_keys=True)``, without making an encoder per call (a tenth of a small model's header checks).
+_canonical_json = json.JSONEncoder(sort_keys=True).encode
+
+
 def metadata_checksum(meta: dict[str, str]) -> int:
     """CRC-32 of the metadata other than ``checksums``, as canonical JSON."""
-    canonical = json.dumps({k: v for k, v in meta.items() if k != "checksums"}, sort_keys=True)
+    canonical = _canonical_json({k: v for k, v in meta.items() if k != "checksums"})
     return zlib.crc32(canonical.encode("utf-8"))
 
 

@@ -33,6 +33,7 @@ from neuroflow.checkpoint.errors import CheckpointError, few
 from neuroflow.checkpoint.quantize import SCHEME, QuantizationReport, quantize_weights, scale_name
 from neuroflow.checkpoint.reading import Verification, open_file, read_weights
 from neuroflow.operator import Operator
+from neuroflow.tensor import Tensor
 
 if TYPE_CHECKING:
     from neuroflow.backends.base import Backend
@@ -44,6 +45,7 @@ FORMAT_VERSION = 1
 OPTIMIZER_PREFIX = "optimizer::"
 _FLOAT_DTYPES = {"float16", "float32", "float64"}
 _MARKER = "_neuroflow_quantization"
+_VERSION = re.compile(r"[0-9]{1,6}")
 
 
 @dataclass(frozen=True)
@@ -190,11 +192,11 @@ def load(path: str | os.PathLike[str], device: str | Backend | None = None, mmap
     optimizer = opened.optimizer_tensors
     verification = Verification([e for name, e in header.tensors.items() if name not in optimizer], content, opened)
     try:
-        model = rebuild(opened)
+        model, tensors = rebuild(opened)
     except BaseException:
         verification.cancel()
         raise
-    read_weights(model, opened, content, verification)
+    read_weights(tensors, opened, content, verification)
     if opened.scales:
         object.__setattr__(model, _MARKER, SCHEME)
     elif "quantized_from" in opened.runtime:
@@ -217,7 +219,7 @@ def check_model_header(header: Header, formats: tuple[str, ...] = (MODEL_FORMAT,
         hint = " (a PyTorch state_dict? use nf.checkpoint.load_state_dict_file)" if file_format is None else ""
         raise CheckpointError(f"{source}: format {file_format!r} is not one of {', '.join(formats)}{hint}")
     version = meta.get("format_version", "")
-    if not re.fullmatch(r"[0-9]{1,6}", version) or int(version) < 1:
+    if not _VERSION.fullmatch(version) or int(version) < 1:
         raise CheckpointError(f"{source}: format_version {version!r} is not a version number")
     if int(version) > FORMAT_VERSION:
         raise CheckpointError(
@@ -259,25 +261,31 @@ def _json(meta: dict[str, str], key: str, source: str) -> dict[str, Any]:
     return value
 
 
-def rebuild(opened: ModelFile) -> Operator:
-    """The model of ``opened``'s topology, its parameters checked against the file's tensors (not yet read)."""
+def rebuild(opened: ModelFile) -> tuple[Operator, dict[str, Tensor]]:
+    """The model of ``opened``'s topology and its parameters and buffers by name, checked against the file's tensors.
+
+    The tensors still hold the rebuild's placeholders; :func:`read_weights` fills them.
+    """
     model = topology.build(opened.topology, opened.source, opened.header.total_elements)
+    tensors = check_tensors(model, opened)
     dtype = np.dtype(opened.runtime["dtype"])
-    if any(p.data.dtype != dtype for p in model.parameters() if p.data.dtype.kind == "f"):
-        model.astype(dtype)
+    if any(t.data.dtype != dtype for t in tensors.values() if t.data.dtype.kind == "f"):
+        model.astype(dtype)  # converts the same Tensor objects, so ``tensors`` stays the model's
     model.train(bool(opened.runtime.get("training", True)))
-    check_tensors(model, opened)
-    return model
+    return model, tensors
 
 
-def check_tensors(model: Operator, opened: ModelFile) -> None:
-    """Raise unless the file holds exactly the model's tensors (and optimizer state), with matching shapes and dtypes."""
+def check_tensors(model: Operator, opened: ModelFile) -> dict[str, Tensor]:
+    """The model's parameters and buffers by name; raises unless the file holds exactly them (and optimizer state).
+
+    Shapes must match, and a float tensor must be stored as a float (INT8 with scales when quantized).
+    """
     source, stored = opened.source, opened.header.tensors
     own = dict(model.named_parameters())
     own.update(model.named_buffers())
     expected = set(own) | set(opened.scales.values()) | set(opened.optimizer_tensors)
-    missing, unexpected = sorted(expected - set(stored)), sorted(set(stored) - expected)
-    if missing or unexpected or not set(opened.scales) <= set(own):
+    if expected != stored.keys() or not opened.scales.keys() <= own.keys():
+        missing, unexpected = sorted(expected - set(stored)), sorted(set(stored) - expected)
         raise CheckpointError(
             f"{source}: the tensors do not match the model its topology describes: "
             f"missing {few(missing)}, unexpected {few(unexpected)}"
@@ -296,9 +304,9 @@ def check_tensors(model: Operator, opened: ModelFile) -> None:
                 )
         elif (kind == "f") != (entry.code in FLOAT_CODES):
             raise CheckpointError(f"{source}: {name} is stored as {entry.code}; the model holds {tensor.data.dtype}")
-    for name in expected:
-        if name not in opened.checksums:
-            raise CheckpointError(f"{source}: no checksum recorded for {name}")
+    if not expected <= opened.checksums.keys():
+        raise CheckpointError(f"{source}: no checksum recorded for {min(expected - opened.checksums.keys())}")
+    return own
 
 
 def read_checked(handle: io.RawIOBase, entry: TensorEntry, opened: ModelFile) -> np.ndarray:

@@ -37,7 +37,7 @@ from neuroflow.checkpoint.checksums import TensorVerifier
 from neuroflow.checkpoint.container import Header, TensorEntry
 from neuroflow.checkpoint.errors import CheckpointError
 from neuroflow.checkpoint.quantize import dequantize_int8
-from neuroflow.operator import Operator
+from neuroflow.tensor import Tensor
 
 if TYPE_CHECKING:
     from neuroflow.checkpoint.model_file import ModelFile
@@ -55,13 +55,9 @@ class FileContent:
     base: int
     mapped: bool
 
-    def bytes_of(self, entry: TensorEntry) -> np.ndarray:
-        """``entry``'s stored bytes (a view, no copy)."""
-        return self.data[entry.start - self.base:entry.stop - self.base]
-
     def array(self, entry: TensorEntry) -> np.ndarray:
         """``entry`` as an array of its stored dtype and shape viewing the buffer (unaligned if the file is)."""
-        return np.frombuffer(self.bytes_of(entry), entry.dtype).reshape(entry.shape)
+        return np.ndarray(entry.shape, entry.dtype, self.data, entry.start - self.base)
 
 
 def open_file(path: str | os.PathLike[str], mmap: bool = True) -> tuple[Header, FileContent]:
@@ -108,8 +104,11 @@ def _read_fully(handle: io.RawIOBase, view: memoryview, file: Path) -> None:
 
 def checking_threads(size: int) -> int:
     """How many threads checksum ``size`` bytes: one per :data:`BYTES_PER_THREAD`, at most the usable cores and 8."""
+    wanted = size // BYTES_PER_THREAD
+    if wanted < 2:
+        return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(size // BYTES_PER_THREAD, cores, MAX_THREADS))
+    return min(wanted, cores, MAX_THREADS)
 
 
 class Verification:
@@ -128,16 +127,18 @@ class Verification:
     def __init__(self, entries: list[TensorEntry], content: FileContent, opened: ModelFile) -> None:
         self._verifier = TensorVerifier(opened.checksums, opened.source)
         self._cancelled = False
-        self._views = [(entry, content.bytes_of(entry).data) for entry in entries]
-        workers = min(checking_threads(sum(len(view) for _, view in self._views)), len(self._views))
-        shares = _shares(self._views, workers) if workers > 1 else []
+        self._entries = entries
+        self._view, self._base = content.data.data, content.base
+        workers = min(checking_threads(sum(entry.stop - entry.start for entry in entries)), len(entries))
+        shares = _shares(entries, workers) if workers > 1 else []
         self._pending = [_pool().submit(self._check, share) for share in shares if share]
 
-    def _check(self, share: list[tuple[TensorEntry, memoryview]]) -> None:
-        for entry, view in share:
+    def _check(self, entries: list[TensorEntry]) -> None:
+        check, view, base = self._verifier.check, self._view, self._base
+        for entry in entries:
             if self._cancelled:
                 return
-            self._verifier.check(entry, view)
+            check(entry, view[entry.start - base:entry.stop - base])
 
     def cancel(self) -> None:
         """Stop checking (the load failed for another reason)."""
@@ -146,19 +147,19 @@ class Verification:
     def wait(self) -> None:
         """Wait for every checksum; raise CheckpointError naming the tensors that fail theirs."""
         if not self._pending:
-            self._check(self._views)
+            self._check(self._entries)
         for future in self._pending:
             future.result()
         self._verifier.finish()
 
 
-def _shares(views: list[tuple[TensorEntry, memoryview]], workers: int) -> list[list[tuple[TensorEntry, memoryview]]]:
-    shares: list[list[tuple[TensorEntry, memoryview]]] = [[] for _ in range(workers)]
+def _shares(entries: list[TensorEntry], workers: int) -> list[list[TensorEntry]]:
+    shares: list[list[TensorEntry]] = [[] for _ in range(workers)]
     loads = [0] * workers
-    for entry, view in sorted(views, key=lambda item: -len(item[1])):  # largest first, each to the least loaded
+    for entry in sorted(entries, key=lambda e: e.start - e.stop):  # largest first, each to the least loaded
         least = loads.index(min(loads))
-        shares[least].append((entry, view))
-        loads[least] += len(view)
+        shares[least].append(entry)
+        loads[least] += entry.stop - entry.start
     return shares
 
 
@@ -174,32 +175,32 @@ def _pool() -> ThreadPoolExecutor:
     return _executor
 
 
-def read_weights(model: Operator, opened: ModelFile, content: FileContent, verification: Verification | None = None) -> None:
-    """Fill the model's parameters and buffers (host arrays) from the file; raise CheckpointError if a checksum fails.
+def read_weights(tensors: dict[str, Tensor], opened: ModelFile, content: FileContent, verification: Verification) -> None:
+    """Fill a rebuilt model's ``tensors`` (host arrays, by name) from the file; raise CheckpointError if a checksum fails.
 
-    Every checksum is verified first (by ``verification`` when it was started
-    already). A tensor still holding the rebuild's placeholder gets a new
-    array, or a view of ``content`` when the model takes all of the file's
-    data as it is; the others are overwritten in place.
+    Every checksum is verified first (by ``verification``, started over the
+    file's model tensors). A tensor still holding the rebuild's placeholder
+    gets a new array, or a view of ``content`` when the model takes all of
+    the file's data as it is; the others are overwritten in place.
     """
-    stored = opened.header.tensors
-    own = dict(model.named_parameters())
-    own.update(model.named_buffers())
-    if verification is None:
-        verification = Verification([stored[name] for name in own] + [stored[s] for s in opened.scales.values()],
-                                    content, opened)
     verification.wait()
-    direct = [stored[name] for name, tensor in own.items()
-              if name not in opened.scales and stored[name].dtype == tensor.data.dtype and stored[name].dtype.isnative]
-    share = sum(entry.stop - entry.start for entry in direct) == opened.header.file_size - opened.header.data_start
-    for name, tensor in own.items():
+    stored, scales = opened.header.tensors, opened.scales
+    taken = 0  # bytes the model takes as they are stored
+    for name, tensor in tensors.items():
         entry = stored[name]
-        if share and is_placeholder(tensor.data):
-            value = content.array(entry)
-            if value.flags.aligned and value.flags.writeable:
-                tensor.data = value
-                continue
+        dtype = entry.dtype
+        if name not in scales and dtype == tensor.data.dtype and dtype.isnative:
+            taken += entry.stop - entry.start
+    share = taken == opened.header.file_size - opened.header.data_start
+    for name, tensor in tensors.items():
+        entry = stored[name]
         if is_placeholder(tensor.data):
+            if share:
+                value = content.array(entry)
+                flags = value.flags
+                if flags.aligned and flags.writeable:
+                    tensor.data = value
+                    continue
             tensor.data = np.empty(tensor.data.shape, tensor.data.dtype)
         _fill(tensor.data, entry, content, opened)
 

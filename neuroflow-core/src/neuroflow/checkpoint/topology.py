@@ -191,35 +191,52 @@ def validate(topology: Any, source: str) -> dict[str, Any]:
     ops = topology.get("ops", {})
     if not isinstance(ops, dict) or not all(isinstance(v, dict) for v in ops.values()):
         raise CheckpointError(f"{source}: topology 'ops' must map op names to objects")
+    root = topology["root"]
+    # Iterative, so a hostile nesting depth cannot exhaust the interpreter's stack; op paths are named only on error.
+    stack: list[tuple[dict[str, Any], int]] = [(root, 0)]
     count = 0
-    for node, depth, where in _walk(topology["root"], source):
+    while stack:
+        node, depth = stack.pop()
         count += 1
         if depth > MAX_DEPTH or count > MAX_NODES:
             raise CheckpointError(f"{source}: topology is nested deeper than {MAX_DEPTH} or has over {MAX_NODES} ops")
         if not isinstance(node.get("type"), str) or not isinstance(node.get("config"), dict):
-            raise CheckpointError(f"{source}: op {where} needs a string 'type' and an object 'config'; got {node!r:.200}")
+            raise CheckpointError(
+                f"{source}: op {_where(root, node)} needs a string 'type' and an object 'config'; got {node!r:.200}"
+            )
         children = node.get("children")
-        if children is not None and not (isinstance(children, list) and all(isinstance(c, dict) for c in children)):
-            raise CheckpointError(f"{source}: op {where} has 'children' that is not a list of ops")
+        if children is not None:
+            if not (isinstance(children, list) and all(isinstance(c, dict) for c in children)):
+                raise CheckpointError(f"{source}: op {_where(root, node)} has 'children' that is not a list of ops")
+            stack.extend((child, depth + 1) for child in reversed(children))
     return topology
 
 
-def _walk(root: dict[str, Any], source: str) -> Iterator[tuple[dict[str, Any], int, str]]:
-    # Iterative, so a hostile nesting depth cannot exhaust the interpreter's stack; validate() stops at MAX_DEPTH.
-    stack: list[tuple[Any, int, str]] = [(root, 0, "model")]
+def _nodes(root: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every op of a validated topology, parents first."""
+    stack = [root]
     while stack:
-        node, depth, where = stack.pop()
-        if not isinstance(node, dict):
-            raise CheckpointError(f"{source}: op {where} is a {type(node).__name__}; expected an object")
-        yield node, depth, where
-        children = node.get("children")
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.get("children") or ()))
+
+
+def _where(root: dict[str, Any], target: dict[str, Any]) -> str:
+    """The dotted path (``model.1.0``) of the op ``target`` under ``root``, for error messages."""
+    stack: list[tuple[Any, str]] = [(root, "model")]
+    while stack:
+        node, where = stack.pop()
+        if node is target:
+            return where
+        children = node.get("children") if isinstance(node, dict) else None
         if isinstance(children, list):
-            stack.extend((child, depth + 1, f"{where}.{i}") for i, child in reversed(list(enumerate(children))))
+            stack.extend((child, f"{where}.{i}") for i, child in enumerate(children))
+    return "?"
 
 
 def resolve_op_types(topology: dict[str, Any], source: str) -> dict[str, type[Operator]]:
     """Every op type the topology names, imported through the registry; one error lists all that are missing."""
-    names = sorted({node["type"] for node, _, _ in _walk(topology["root"], source)})
+    names = sorted({node["type"] for node in _nodes(topology["root"])})
     recorded = topology.get("ops", {})
     found: dict[str, type[Operator]] = {}
     problems = []
@@ -253,36 +270,51 @@ def build(topology: dict[str, Any], source: str, held_values: int) -> Operator:
     asking for parameters the file cannot fill is refused before they are
     allocated (see :mod:`neuroflow.checkpoint.allocation_guard`).
     """
-    classes = resolve_op_types(topology, source)
+    types = {name: (cls, child_codec(cls)) for name, cls in resolve_op_types(topology, source).items()}
+    root = topology["root"]
     with limit_random_draws(held_values, source):
-        return _build(topology["root"], classes, topology.get("ops", {}), source, "model")
+        return _Builder(types, topology.get("ops", {}), source, root).build(root)
 
 
-def _build(
-    node: dict[str, Any], classes: dict[str, type[Operator]], recorded: dict[str, Any], source: str, where: str
-) -> Operator:
-    name, config = node["type"], node["config"]
-    cls = classes[name]
-    codec = child_codec(cls)
-    saved_children = node.get("children")
-    if saved_children is not None and codec is None:
-        raise CheckpointError(f"{source}: op {where} ({name}) is saved with child ops but has no child codec")
-    children = [_build(c, classes, recorded, source, f"{where}.{i}") for i, c in enumerate(saved_children or [])]
-    try:
-        op = codec.build(cls, config, children) if codec is not None and saved_children is not None else cls(**config)
-    except CheckpointError:
-        raise
-    except Exception as exc:  # a hostile config can make a constructor raise anything
-        saved = recorded.get(name, {}).get("version")
+@dataclass(frozen=True)
+class _Builder:
+    """Makes the op of each node of a validated topology, children first."""
+
+    types: dict[str, tuple[type[Operator], ChildCodec | None]]
+    recorded: dict[str, Any]
+    source: str
+    root: dict[str, Any]
+
+    def build(self, node: dict[str, Any]) -> Operator:
+        name, config = node["type"], node["config"]
+        cls, codec = self.types[name]
+        saved_children = node.get("children")
+        children = None
+        if saved_children is not None:
+            if codec is None:
+                raise CheckpointError(
+                    f"{self.source}: op {_where(self.root, node)} ({name}) is saved with child ops but has no child codec"
+                )
+            children = [self.build(child) for child in saved_children]
+        try:
+            op = cls(**config) if codec is None or children is None else codec.build(cls, config, children)
+        except CheckpointError:
+            raise
+        except Exception as exc:  # a hostile config can make a constructor raise anything
+            raise self._failed(node, exc) from None
+        if type(op) is not cls:
+            raise CheckpointError(f"{self.source}: op {_where(self.root, node)}: building {name} gave a {type(op).__name__}")
+        return op
+
+    def _failed(self, node: dict[str, Any], exc: Exception) -> CheckpointError:
+        name, config = node["type"], node["config"]
+        saved = self.recorded.get(name, {}).get("version")
         installed = _version(registry.ops.distribution(name))
         versions = f" (saved with version {saved}, installed {installed})" if saved != installed else ""
-        raise CheckpointError(
-            f"{source}: cannot rebuild op {where} ({name}) from config {config!r:.300}{versions}: "
+        return CheckpointError(
+            f"{self.source}: cannot rebuild op {_where(self.root, node)} ({name}) from config {config!r:.300}{versions}: "
             f"{type(exc).__name__}: {exc}"
-        ) from None
-    if type(op) is not cls:
-        raise CheckpointError(f"{source}: op {where}: building {name} gave a {type(op).__name__}")
-    return op
+        )
 
 
 def named_modules(model: Operator, prefix: str = "") -> Iterator[tuple[str, Operator]]:
