@@ -25,12 +25,13 @@ process generator the user seeded is left exactly where it was.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Any
 
 import numpy as np
 
+from neuroflow import random as nf_random
 from neuroflow.checkpoint.errors import CheckpointError
 
 #: Position of the ``size`` argument of numpy Generator methods whose values are only initial guesses.
@@ -45,13 +46,21 @@ _DTYPE_FOLLOWS_SIZE = {"random", "standard_normal", "standard_exponential", "sta
 _BUDGET_FACTOR, _BUDGET_ALLOWANCE = 2, 1 << 20
 #: The same for draws that keep their real values (seeds, shuffles, discrete distributions).
 _DISCRETE = {"integers": 2, "choice": 1, "binomial": 2, "poisson": 1, "bytes": 0, "multivariate_normal": 2}
+_INTEGERS = (int, np.integer)
 
 
 def _count(size: Any) -> int:
+    """How many values a draw of ``size`` gives: 0 for a negative size, 1 for one numpy will refuse anyway."""
     if size is None:
         return 1
-    if isinstance(size, int | np.integer):
+    if isinstance(size, _INTEGERS):
         return max(int(size), 0)
+    if type(size) is tuple:  # the usual size: counted without converting each dimension
+        for dim in size:
+            if type(dim) is not int or dim < 0:
+                break
+        else:
+            return math.prod(size)
     try:
         dims = [int(s) for s in size]
     except (TypeError, ValueError):
@@ -92,7 +101,7 @@ class Placeholder(np.ndarray):
 def placeholder(size: Any, dtype: Any) -> Placeholder:
     """A :class:`Placeholder` of ``size`` (an int or a shape): one zero of ``dtype`` with every stride 0."""
     dtype = np.dtype(dtype)
-    shape = (size,) if isinstance(size, int | np.integer) else tuple(size)
+    shape = (size,) if isinstance(size, _INTEGERS) else tuple(size)
     return Placeholder(shape, dtype, bytearray(dtype.itemsize), 0, (0,) * len(shape))
 
 
@@ -138,7 +147,7 @@ class GuardedGenerator:
         position = _DISCRETE.get(name)
 
         def draw(*args: Any, **kwargs: Any) -> Any:
-            if name == "permutation" and args and isinstance(args[0], int | np.integer):
+            if name == "permutation" and args and isinstance(args[0], _INTEGERS):
                 self._charge(name, int(args[0]))
             elif position is not None:
                 self._charge(name, _count(kwargs.get("size", args[position] if len(args) > position else None)))
@@ -166,19 +175,33 @@ class GuardedGenerator:
         return draw
 
 
-@contextmanager
-def limit_random_draws(held: int, source: str) -> Iterator[GuardedGenerator]:
+class _DrawLimit:
+    """The block of :func:`limit_random_draws` (a class: a generator-based context costs as much as the swap)."""
+
+    _saved: np.random.Generator
+
+    def __init__(self, held: int, source: str) -> None:
+        self._guard = GuardedGenerator(held, source)
+        self._errors = np.errstate(all="ignore")  # initialisers dividing by norms of zeros: the values are discarded
+
+    def __enter__(self) -> GuardedGenerator:
+        self._saved = nf_random._generator
+        nf_random._generator = self._guard  # type: ignore[assignment]
+        self._errors.__enter__()
+        return self._guard
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        try:
+            self._errors.__exit__(kind, error, traceback)
+        finally:
+            nf_random._generator = self._saved
+
+
+def limit_random_draws(held: int, source: str) -> AbstractContextManager[GuardedGenerator]:
     """Within the block, :func:`neuroflow.random.generator` is a :class:`GuardedGenerator` for a file of ``held`` values.
 
     Not thread-safe: another thread drawing from the process generator meanwhile draws from the stand-in.
     """
-    from neuroflow import random as nf_random
-
-    saved = nf_random._generator
-    guard = GuardedGenerator(held, source)
-    nf_random._generator = guard  # type: ignore[assignment]
-    try:
-        with np.errstate(all="ignore"):  # initialisers dividing by norms of zeros: the values are discarded
-            yield guard
-    finally:
-        nf_random._generator = saved
+    return _DrawLimit(held, source)

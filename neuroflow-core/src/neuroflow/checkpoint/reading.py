@@ -67,30 +67,35 @@ def open_file(path: str | os.PathLike[str], mmap: bool = True) -> tuple[Header, 
     when mapping fails, read). A read file's header is checked before its
     data is read, so a file that is no safetensors file costs its first bytes only.
     """
-    file = Path(path)
+    file = path if isinstance(path, Path) else Path(path)
     try:
+        mapping = _map(file) if mmap else None
+        if mapping is not None:
+            data = np.frombuffer(mapping, np.uint8)
+            return container.parse_header(file, memoryview(mapping)), FileContent(data, 0, True)
         with open(file, "rb", buffering=0) as handle:
-            size = os.fstat(handle.fileno()).st_size
-            mapping = _map(handle, size) if mmap else None
-            if mapping is not None:
-                data = np.frombuffer(mapping, np.uint8)
-                return container.parse_header(file, memoryview(mapping)), FileContent(data, 0, True)
             header = container.read_header_from(handle, file)
-            data = np.empty(size - header.data_start, np.uint8)
+            data = np.empty(header.file_size - header.data_start, np.uint8)
             _read_fully(handle, data.data, file)
             return header, FileContent(data, header.data_start, False)
     except OSError as exc:
         raise CheckpointError(f"cannot read {file}: {exc}") from exc
 
 
-def _map(handle: io.RawIOBase, size: int) -> mmap_module.mmap | None:
+def _map(file: Path) -> mmap_module.mmap | None:
     """A private (copy-on-write) mapping of the whole file, or None where there is none to be had."""
-    if size < 8 or not hasattr(mmap_module, "MAP_PRIVATE"):  # too short to be a file; Windows would lock it
+    if not hasattr(mmap_module, "MAP_PRIVATE"):  # Windows would lock the file
         return None
+    descriptor = os.open(file, os.O_RDONLY)  # no file object: the mapping is all that is wanted of it
     try:
-        return mmap_module.mmap(handle.fileno(), size, access=mmap_module.ACCESS_COPY)
-    except (OSError, ValueError):  # e.g. a file system that cannot map, or the process is out of mappings
+        size = os.fstat(descriptor).st_size
+        if size < 8:  # too short to be a file: reading it says so
+            return None
+        return mmap_module.mmap(descriptor, size, access=mmap_module.ACCESS_COPY)
+    except (OSError, ValueError):  # e.g. a directory, a file system that cannot map, the process out of mappings
         return None
+    finally:
+        os.close(descriptor)
 
 
 def _read_fully(handle: io.RawIOBase, view: memoryview, file: Path) -> None:
