@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow_opencl import transpose
 from neuroflow_opencl.array import ClArray, empty, is_array, overlaps
 from neuroflow_opencl.cdtypes import c_type, preamble
 from neuroflow_opencl.views import Shape, broadcast_shapes, broadcast_strides, collapse, contiguous_strides
@@ -143,10 +144,10 @@ class _Plan:
         device.kernel(*self.source)(device.queue, (self.items,), None, *args)
 
 
-_PLANS: dict[Any, _Plan] = {}
+_PLANS: dict[Any, _Plan | transpose.Plan] = {}
 
 
-def _plan(name: str, operands: tuple[Any, ...], out: ClArray | None, dtype: Any) -> _Plan:
+def _plan(name: str, operands: tuple[Any, ...], out: ClArray | None, dtype: Any) -> _Plan | transpose.Plan:
     try:
         arity, expr = UFUNCS[name]
     except KeyError:
@@ -182,10 +183,13 @@ def _plan(name: str, operands: tuple[Any, ...], out: ClArray | None, dtype: Any)
 
 
 def _geometry(shape: Shape, out_strides: Shape, out_dtype: np.dtype, operands: tuple[Any, ...], expr: str,
-              compute: np.dtype, predicate: bool) -> _Plan:
+              compute: np.dtype, predicate: bool) -> _Plan | transpose.Plan:
     arrays = [op for op in operands if isinstance(op, ClArray)]
     stride_sets = [out_strides, *(broadcast_strides(a.shape, a.estrides, shape) for a in arrays)]
     cshape, csets = collapse(shape, stride_sets)
+    if (expr == "a0" and len(operands) == len(arrays) == 1 and compute == out_dtype
+            and transpose.fits(cshape, csets, (out_dtype, arrays[0].dtype))):
+        return transpose.Plan(shape, cshape, csets, out_dtype, arrays[0].device)
     dense = contiguous_strides(cshape)
     patterns = tuple("c" if s == dense else "s" if not any(s) else "g" for s in csets)
     kinds = tuple(op.dtype if isinstance(op, ClArray) else None for op in operands)
@@ -203,6 +207,16 @@ def _geometry(shape: Shape, out_strides: Shape, out_dtype: np.dtype, operands: t
     narrow = items < 2**31 and all(n < 2**31 for n in cshape)
     source = _source(expr, out_dtype, np.dtype(compute), kinds, len(cshape), patterns, predicate, narrow)
     return _Plan(shape, out_dtype, np.dtype(compute), source, total, items, stride_args, shape_args)
+
+
+def copy_plan(out: ClArray, src: ClArray) -> _Plan | transpose.Plan:
+    """The plan ``out.assign(src)`` runs, for a caller that copies between these layouts again and again:
+    ``plan.launch(out, (src,))`` copies without the checks (the caller knows that the two do not overlap)."""
+    key = ("copy", out.dtype, (out.dtype, out.shape, out.estrides), (src.dtype, src.shape, src.estrides))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _plan("copy", (src,), out, out.dtype)
+    return plan
 
 
 def _scalar(value: Any) -> Any:

@@ -26,7 +26,7 @@ import numpy as np
 
 from neuroflow_opencl import gemm_source
 from neuroflow_opencl.array import ClArray, empty, is_array
-from neuroflow_opencl.elementwise import apply
+from neuroflow_opencl.elementwise import apply, copy_plan
 from neuroflow_opencl.reduction import reduce
 from neuroflow_opencl.views import broadcast_shapes, broadcast_strides, collapse
 
@@ -46,18 +46,42 @@ DEEP_FOR_COPY = 512  # products at least this deep may compute C transposed and 
 
 def matmul(a: ClArray, b: ClArray, out: ClArray | None = None, bias: ClArray | None = None) -> ClArray:
     """``numpy.matmul(a, b, out=out)`` for device arrays of one float dtype; ``bias`` (a vector of the result's
-    last dimension) is added to every row, in the GEMM's own launch where its kernel can (``rows``)."""
-    if not (is_array(a) and is_array(b)):
-        raise TypeError("matmul on the opencl backend takes two device arrays")
+    last dimension) is added to every row, in the GEMM's own launch where its kernel can (``rows``).
+
+    Shapes are checked and the product planned once per layout of the operands: a call then costs one lookup.
+    """
+    try:
+        key = (a.shape, a.estrides, a.dtype, b.shape, b.estrides, b.dtype, a.device,
+               None if out is None else (out.shape, out.estrides, out.dtype),
+               None if bias is None else (bias.shape, bias.estrides, bias.dtype),
+               os.environ.get("NEUROFLOW_OPENCL_GEMM"))
+    except AttributeError:
+        raise TypeError("matmul on the opencl backend takes device arrays") from None
+    call = _CALLS.get(key)
+    if call is None:
+        call = _CALLS[key] = _call(a, b, out, bias)
+    return call(a, b, out, bias)
+
+
+#: Runs one checked and planned ``matmul``: (a, b, out or None, bias or None) -> out.
+Call = Callable[[ClArray, ClArray, "ClArray | None", "ClArray | None"], ClArray]
+_CALLS: dict[Any, Call] = {}
+
+
+def _call(a: ClArray, b: ClArray, out: ClArray | None, bias: ClArray | None) -> Call:
+    """``matmul`` for operands laid out as these: shapes checked now, the product planned now where ``out`` is
+    given as a matrix."""
+    if not (is_array(a) and is_array(b) and (out is None or is_array(out)) and (bias is None or is_array(bias))):
+        raise TypeError("matmul on the opencl backend takes device arrays")
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError("matmul: input operand does not have enough dimensions")
-    a2 = a.reshape(1, a.shape[0]) if a.ndim == 1 else a
-    b2 = b.reshape(b.shape[0], 1) if b.ndim == 1 else b
-    m, k = a2.shape[-2:]
-    k2, n = b2.shape[-2:]
+    a_shape = (1, a.shape[0]) if a.ndim == 1 else a.shape
+    b_shape = (b.shape[0], 1) if b.ndim == 1 else b.shape
+    m, k = a_shape[-2:]
+    k2, n = b_shape[-2:]
     if k != k2:
         raise ValueError(f"matmul: mismatch in core dimension: {a.shape} @ {b.shape} (size {k} is different from {k2})")
-    batch = broadcast_shapes(a2.shape[:-2], b2.shape[:-2]) if a2.ndim > 2 or b2.ndim > 2 else ()
+    batch = broadcast_shapes(a_shape[:-2], b_shape[:-2]) if len(a_shape) > 2 or len(b_shape) > 2 else ()
     full = (*batch, m, n)
     shape = full
     if a.ndim == 1:
@@ -67,15 +91,30 @@ def matmul(a: ClArray, b: ClArray, out: ClArray | None = None, bias: ClArray | N
     dtype = np.result_type(a.dtype, b.dtype)
     if dtype.kind != "f":
         raise TypeError(f"matmul on the opencl backend needs floating-point arrays; got {a.dtype} and {b.dtype}")
-    if out is None:
-        out = empty(a.device, shape, dtype)
-    elif out.shape != shape:
+    if out is not None and out.shape != shape:
         raise ValueError(f"matmul: output operand has shape {out.shape}; expected {shape}")
-    if bias is not None and (bias.shape != (n,) or bias.dtype != out.dtype):
-        raise ValueError(f"matmul: bias must be a ({n},) {out.dtype} vector; got {bias.shape} {bias.dtype}")
-    c2 = out.reshape(full) if out.shape != full else out
-    _gemm(a2, b2, c2, batch, m, n, k, bias)
-    return out
+    out_dtype = dtype if out is None else out.dtype
+    if bias is not None and (bias.shape != (n,) or bias.dtype != out_dtype):
+        raise ValueError(f"matmul: bias must be a ({n},) {out_dtype} vector; got {bias.shape} {bias.dtype}")
+    if out is not None and a.ndim == b.ndim == 2:  # the hot case (Linear, convolution): no view to make
+        plan = _planned(a, b, out, batch, m, n, k, bias)
+
+        def planned(a: ClArray, b: ClArray, out: ClArray | None, bias: ClArray | None) -> ClArray:
+            plan(a, b, out, bias)  # type: ignore[arg-type]
+            return out  # type: ignore[return-value]
+
+        return planned
+
+    def general(a: ClArray, b: ClArray, out: ClArray | None, bias: ClArray | None) -> ClArray:
+        a2 = a.reshape(1, a.shape[0]) if a.ndim == 1 else a
+        b2 = b.reshape(b.shape[0], 1) if b.ndim == 1 else b
+        if out is None:
+            out = empty(a.device, shape, dtype)
+        c2 = out.reshape(full) if out.shape != full else out
+        _gemm(a2, b2, c2, batch, m, n, k, bias)
+        return out
+
+    return general
 
 
 #: Runs one planned product: (A, B, C, bias or None).
@@ -126,14 +165,24 @@ def _sums_plan(a: ClArray, b: ClArray, c: ClArray, sums: ClArray, m: int, n: int
 def _gemm(a: ClArray, b: ClArray, c: ClArray, batch: tuple[int, ...], m: int, n: int, k: int,
           bias: ClArray | None = None) -> None:
     """C = A @ B (+ bias) through a plan made once per layout: the choices below cost more Python than a launch."""
+    _planned(a, b, c, batch, m, n, k, bias)(a, b, c, bias)
+
+
+def _planned(a: ClArray, b: ClArray, c: ClArray, batch: tuple[int, ...], m: int, n: int, k: int,
+             bias: ClArray | None) -> Plan:
+    """The plan for operands laid out as these (made on first use)."""
     if m == 0 or n == 0:
-        return
+        return _nothing
     key = (a.shape, a.estrides, b.shape, b.estrides, c.estrides, batch, c.dtype, a.dtype, b.dtype,
            None if bias is None else bias.estrides, c.device, os.environ.get("NEUROFLOW_OPENCL_GEMM"))
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = _plan(a, b, c, batch, m, n, k, bias)
-    plan(a, b, c, bias)
+    return plan
+
+
+def _nothing(a: ClArray, b: ClArray, c: ClArray, bias: ClArray | None) -> None:
+    """The plan of an empty product."""
 
 
 def _plan(a: ClArray, b: ClArray, c: ClArray, batch: tuple[int, ...], m: int, n: int, k: int,
@@ -152,7 +201,17 @@ def _plan(a: ClArray, b: ClArray, c: ClArray, batch: tuple[int, ...], m: int, n:
         (m, k, k, n, m, n), (*a.estrides[-2:], *b.estrides[-2:], *c.estrides[-2:]), strict=True))
     variant = _variant(c.device, m, n, a_sm, a_sk, b_sk, b_sn)
     if variant == "pack":
-        return lambda a, b, c, bias: _gemm(a, b.copy(), c, batch, m, n, k, bias)
+        if b.ndim != 2:
+            return lambda a, b, c, bias: _gemm(a, b.copy(), c, batch, m, n, k, bias)
+        dense = b._view(0, (k, n), (n, 1))  # the layout of the copy (a plan reads layouts only)
+        copy, product = copy_plan(dense, b), _planned(a, dense, c, batch, m, n, k, bias)
+
+        def pack(a: ClArray, b: ClArray, c: ClArray, bias: ClArray | None) -> None:
+            packed = empty(c.device, (k, n), b.dtype)
+            copy.launch(packed, (b,))
+            product(a, packed, c, bias)
+
+        return pack
     transpose = variant == "rows" and _transpose(m, n, k, a_sm == 1 and m >= 4, b_sn == 1 and n >= 4,
                                                  (c_sm, c_sn), 64 // c.dtype.itemsize)
     if variant == "rows" and not bshape and (c_sm if transpose else c_sn) != 1:
