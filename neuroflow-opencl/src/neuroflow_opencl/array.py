@@ -37,7 +37,7 @@ class ClArray:
                  strides: Shape | None = None, base: ClArray | None = None, address: int = 0) -> None:
         self.device = device
         self.buffer = buffer
-        self.shape = tuple(int(n) for n in shape)
+        self.shape = tuple(map(int, shape))
         self.dtype = np.dtype(dtype)
         self.offset = int(offset)
         self.estrides = contiguous_strides(self.shape) if strides is None else tuple(strides)
@@ -82,6 +82,8 @@ class ClArray:
 
     @property
     def T(self) -> ClArray:  # noqa: N802 - numpy's name
+        if len(self.shape) == 2:  # a weight's transpose, several per step: no axis bookkeeping
+            return self._view(self.offset, self.shape[::-1], self.estrides[::-1])
         return self.transpose()
 
     def __len__(self) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 Shape = tuple[int, ...]
@@ -34,6 +35,15 @@ def is_contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
 
 def normalize_shape(shape: Any, size: int | None = None) -> Shape:
     """``shape`` as a tuple, with one ``-1`` resolved against ``size``."""
+    if type(shape) is tuple:  # what ops pass, the same few every step: remembered (a step reshapes ~10 times)
+        try:
+            return _normalized(shape, size)
+        except TypeError:  # an unhashable size in the tuple: resolved below, which says what is wrong
+            pass
+    return _normalize(shape, size)
+
+
+def _normalize(shape: Any, size: int | None) -> Shape:
     if isinstance(shape, (int,)) or hasattr(shape, "__index__"):
         shape = (int(shape),)
     dims = [int(d) for d in shape]
@@ -51,6 +61,10 @@ def normalize_shape(shape: Any, size: int | None = None) -> Shape:
     return tuple(dims)
 
 
+_normalized = lru_cache(maxsize=4096)(_normalize)
+
+
+@lru_cache(maxsize=4096)
 def reshape_strides(shape: Shape, strides: Shape, new_shape: Shape) -> Shape | None:
     """Strides that show the same elements as ``new_shape`` without a copy, or None when a copy is needed.
 
