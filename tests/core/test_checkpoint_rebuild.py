@@ -62,3 +62,29 @@ def _file_with_topology(tmp_path, edit) -> str:
 def test_topology_errors_name_the_op_by_its_path(tmp_path, edit, message):
     with pytest.raises(CheckpointError, match=message.replace("(", r"\(").replace(")", r"\)")):
         nf.load(_file_with_topology(tmp_path, edit))
+
+
+def _raw_file(tmp_path, header_json: str) -> str:
+    raw = header_json.encode()
+    path = tmp_path / "h.safetensors"
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(8))
+    return str(path)
+
+
+_SPEC = '{"dtype":"F32","shape":[2],"data_offsets":[0,8]}'
+
+
+@pytest.mark.parametrize(("header", "message"), [
+    ('{"w":' + _SPEC + ',"w":' + _SPEC + '}', "header names 'w' twice"),
+    ('{"__metadata__":{"format":"a","format":"b"},"w":' + _SPEC + '}', "header names 'format' twice"),
+    ('{"w":{"dtype":"F32","dtype":"F16","shape":[2],"data_offsets":[0,8]}}', "header names 'dtype' twice"),
+    ("[]", "header is a JSON list; expected an object"),
+    ('{"w":[["dtype","F32"]]}', "tensor 'w' is described by a list; expected an object"),
+    ('{"w":{"dtype":"F32","shape":{"0":2},"data_offsets":[0,8]}}', "tensor 'w' has shape"),
+    ('{"w":{"dtype":["F32"],"shape":[2],"data_offsets":[0,8]}}', "tensor 'w' has dtype"),
+    ('{"__metadata__":{"format":{"a":"b"}},"w":' + _SPEC + '}', "__metadata__ must map strings to strings"),
+])
+def test_header_objects_are_refused_when_a_name_repeats_or_an_array_stands_in(tmp_path, header, message):
+    for mmap in (True, False):
+        with pytest.raises(CheckpointError, match=message.replace("[", r"\[")):
+            nf.load(_raw_file(tmp_path, header), mmap=mmap)

@@ -130,8 +130,10 @@ def _header_length(file: Path, size: int, prefix: bytes | memoryview, max_header
 
 
 def _parse(file: Path, size: int, length: int, raw: bytes) -> Header:
-    header = _parse_json(file, raw)
+    header = _object(file, _parse_json(file, raw))
     metadata = header.pop("__metadata__", {})
+    if isinstance(metadata, _Members):
+        metadata = _object(file, metadata)
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise CheckpointError(f"{file}: __metadata__ must map strings to strings")
     data_size = size - 8 - length
@@ -140,24 +142,35 @@ def _parse(file: Path, size: int, length: int, raw: bytes) -> Header:
     return Header(file, size, metadata, tensors, 8 + length)
 
 
-def _parse_json(file: Path, raw: bytes) -> dict[str, Any]:
-    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        result = dict(pairs)
-        if len(result) != len(pairs):
-            seen = [key for key, _ in pairs]
-            duplicate = next(key for key in seen if seen.count(key) > 1)
-            raise CheckpointError(f"{file}: header names {duplicate!r} twice")
-        return result
+class _Members(list):  # type: ignore[type-arg]
+    """A JSON object as the (name, value) pairs written, so that a name given twice can be told.
 
+    The parser makes one per object at the cost of a list, where a Python hook
+    per object doubled the time to parse a small model's header; :func:`_object`
+    turns those the header is made of (itself, its metadata, each tensor's
+    description) into dicts. An object anywhere else stays a list of pairs and
+    fails the check of the field it stands in for (a shape, a metadata string).
+    """
+
+
+def _object(file: Path, members: _Members) -> dict[str, Any]:
+    """``members`` as a dict; raises CheckpointError naming a name given twice."""
+    result = dict(members)
+    if len(result) != len(members):
+        names = [name for name, _ in members]
+        duplicate = next(name for name in names if names.count(name) > 1)
+        raise CheckpointError(f"{file}: header names {duplicate!r} twice")
+    return result
+
+
+def _parse_json(file: Path, raw: bytes) -> _Members:
     try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates)
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_Members)
     except UnicodeDecodeError as exc:
         raise CheckpointError(f"{file}: header is not UTF-8 ({exc.reason} at byte {8 + exc.start})") from None
     except (ValueError, RecursionError) as exc:
-        if isinstance(exc, CheckpointError):
-            raise
         raise CheckpointError(f"{file}: header is not valid JSON ({exc})") from None
-    if not isinstance(header, dict):
+    if not isinstance(header, _Members):
         raise CheckpointError(f"{file}: header is a JSON {type(header).__name__}; expected an object")
     return header
 
@@ -171,16 +184,17 @@ def _are_counts(values: list[Any]) -> bool:
 
 
 def _entry(file: Path, name: str, spec: Any, base: int) -> TensorEntry:
-    if not isinstance(spec, dict):
+    if not isinstance(spec, _Members):
         raise CheckpointError(f"{file}: tensor {name!r} is described by a {type(spec).__name__}; expected an object")
+    spec = _object(file, spec)
     code, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
     if not isinstance(code, str) or code not in DTYPES:  # a list would not even be a dict key
         raise CheckpointError(
             f"{file}: tensor {name!r} has dtype {code!r}; NeuroFlow reads {', '.join(DTYPES)}"
         )
-    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not _are_counts(shape):
+    if type(shape) is not list or len(shape) > MAX_DIMS or not _are_counts(shape):  # an object is _Members
         raise CheckpointError(f"{file}: tensor {name!r} has shape {shape!r}; expected at most {MAX_DIMS} sizes >= 0")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and _are_counts(offsets)):
+    if not (type(offsets) is list and len(offsets) == 2 and _are_counts(offsets)):
         raise CheckpointError(f"{file}: tensor {name!r} has data_offsets {offsets!r}; expected [begin, end]")
     begin, end = offsets
     expected = math.prod(shape) * DTYPES[code].itemsize
