@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import operator
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,9 +207,12 @@ def _entry(file: Path, name: str, spec: Any, base: int) -> TensorEntry:
     return TensorEntry(name, code, tuple(shape), base + begin, base + end)
 
 
+_BYTE_RANGE = operator.attrgetter("start", "stop")
+
+
 def _check_tiling(file: Path, tensors: dict[str, TensorEntry], base: int, data_size: int) -> None:
     position = base
-    for entry in sorted(tensors.values(), key=lambda e: (e.start, e.stop)):
+    for entry in sorted(tensors.values(), key=_BYTE_RANGE):
         if entry.start != position:
             problem = "overlaps the previous tensor" if entry.start < position else "leaves a gap before it"
             raise CheckpointError(

@@ -88,11 +88,8 @@ def _map(file: Path) -> mmap_module.mmap | None:
         return None
     descriptor = os.open(file, os.O_RDONLY)  # no file object: the mapping is all that is wanted of it
     try:
-        size = os.fstat(descriptor).st_size
-        if size < 8:  # too short to be a file: reading it says so
-            return None
-        return mmap_module.mmap(descriptor, size, access=mmap_module.ACCESS_COPY)
-    except (OSError, ValueError):  # e.g. a directory, a file system that cannot map, the process out of mappings
+        return mmap_module.mmap(descriptor, 0, access=mmap_module.ACCESS_COPY)  # 0: the whole file, as mmap finds it
+    except (OSError, ValueError):  # e.g. an empty file, a directory, a file system that cannot map, out of mappings
         return None
     finally:
         os.close(descriptor)
