@@ -36,22 +36,45 @@ def preamble(*dtypes: Any) -> str:
     return ""
 
 
+#: The build option under which ``vector_load``/``vector_store`` go through element-aligned vector pointers.
+ELEMENT_ALIGNED_VECTORS = "NF_ELEMENT_ALIGNED_VECTORS"
+
+
 def vector_types(*types: str, widths: tuple[int, ...]) -> str:
-    """Typedefs ``<type><width>_u``: each vector type aligned as its element, for ``vector_load``/``vector_store``."""
-    return "".join(f"typedef {t}{w} __attribute__((aligned(sizeof({t})))) {t}{w}_u;\n"
-                   for t in dict.fromkeys(types) for w in dict.fromkeys(widths))
+    """The macros ``vector_load``/``vector_store`` expand to, for each type and width.
+
+    Built with ``-D NF_ELEMENT_ALIGNED_VECTORS`` (pocl, see :func:`element_aligned_vectors`), an access is
+    a dereference of a pointer to the vector type typedef'd with its element's alignment, which clang
+    turns into one vector instruction; pocl 3.0 instead calls ``vloadN``/``vstoreN`` (like its other
+    builtins) as functions, and a call spills every vector register: the MLP's first-layer GEMM ran 4×
+    slower with them. Other drivers get the standard ``vloadN``/``vstoreN``, which every OpenCL C
+    compiler accepts at any element offset.
+    """
+    aligned, standard = [], []
+    for t in dict.fromkeys(types):
+        for w in dict.fromkeys(widths):
+            v = f"{t}{w}"
+            aligned += [f"typedef {v} __attribute__((aligned(sizeof({t})))) {v}_u;",
+                        f"#define NF_LOAD_{v}(p) (*(__global const {v}_u*)(p))",
+                        f"#define NF_STORE_{v}(v, p) (*(__global {v}_u*)(p) = (v))"]
+            standard += [f"#define NF_LOAD_{v}(p) vload{w}(0, (__global const {t}*)(p))",
+                         f"#define NF_STORE_{v}(v, p) vstore{w}((v), 0, (__global {t}*)(p))"]
+    return "\n".join([f"#ifdef {ELEMENT_ALIGNED_VECTORS}", *aligned, "#else", *standard, "#endif", ""])
 
 
 def vector_load(t: str, width: int, address: str) -> str:
-    """A load of ``width`` elements of type ``t`` from ``address`` (any element offset), as ``vload<width>`` reads.
-
-    Through a pointer to the element-aligned vector type (``vector_types``), the compiler emits one vector
-    instruction; pocl 3.0 instead calls ``vloadN``/``vstoreN`` (like its other builtins) as functions, and a
-    call spills every vector register: the MLP's first-layer GEMM ran 4× slower with them.
-    """
-    return f"(*(__global const {t}{width}_u*)({address}))"
+    """A load of ``width`` elements of type ``t`` from ``address`` (any element offset), as ``vload<width>``
+    reads (the macro :func:`vector_types` defines)."""
+    return f"NF_LOAD_{t}{width}({address})"
 
 
 def vector_store(t: str, width: int, value: str, address: str) -> str:
     """The statement storing the ``width``-vector ``value`` at ``address`` (see ``vector_load``)."""
-    return f"*(__global {t}{width}_u*)({address}) = {value};"
+    return f"NF_STORE_{t}{width}({value}, {address});"
+
+
+def element_aligned_vectors(platform: str) -> bool:
+    """Whether kernels for a device of ``platform`` are built with :data:`ELEMENT_ALIGNED_VECTORS`: on
+    pocl, where it is measured and tested. Elsewhere an under-aligned vector type is a clang extension that
+    other compilers may reject or emit as an aligned load."""
+    return platform == "Portable Computing Language"

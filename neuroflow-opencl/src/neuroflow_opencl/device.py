@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from neuroflow.errors import BackendUnavailableError
+from neuroflow_opencl.cdtypes import ELEMENT_ALIGNED_VECTORS, element_aligned_vectors
 
 MAX_CONSTANTS = 4096  # parameter buffers kept per device (see Device.constants)
 INT64 = np.dtype(np.int64)
@@ -96,6 +97,7 @@ class Device:
         self.index = index
         self.device = devices[index]
         self.facts = facts(self.device, index)
+        self.build_options = [f"-D{ELEMENT_ALIGNED_VECTORS}"] if element_aligned_vectors(self.facts.platform) else []
         self.context = cl.Context([self.device])
         self.queue = cl.CommandQueue(self.context)
         # Offload copies run on their own queue so compute never waits on a copy it does not need.
@@ -189,7 +191,7 @@ class Device:
         if kernel is None:
             program = self._programs.get(source)
             if program is None:
-                program = self.cl.Program(self.context, source).build()
+                program = self.cl.Program(self.context, source).build(options=self.build_options)
                 self._programs[source] = program
             kernel = getattr(program, name)
             self._kernels[key] = kernel
