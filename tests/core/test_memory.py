@@ -357,6 +357,7 @@ def test_relu_gradient_over_its_output_equals_the_gradient_without_a_pool(pool_k
                 trainer.train_step(x, y)  # the traced step; the model's weights move, so reset them
                 for p, q in zip(model.parameters(), mlp(2, 32).parameters()):
                     p.data[...] = q.data
+                model.attach_pool(trainer._pool)  # lent to the model only during trainer calls: borrow it again
             else:
                 model.attach_pool(TracingPool(np))
                 loss.attach_pool(model._pool)

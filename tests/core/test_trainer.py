@@ -137,6 +137,24 @@ def test_steady_state_training_step_allocates_no_arrays():
     assert grown == []
 
 
+def test_outputs_of_a_trained_model_are_the_callers_to_keep():
+    """Between trainer calls the model runs without the trainer's buffers: an output kept in a list is not
+    overwritten by the next forward (inside a step, outputs are planned buffers that the next step reuses)."""
+    x, y = _blobs(64)
+    model = _mlp()
+    trainer = nf.Trainer(model, batch_size=32, progress=False)
+    trainer.fit((x, y), epochs=2)
+    trainer.evaluate((x, y))
+    model.eval()
+    kept = [model.forward(x[i:i + 16]) for i in range(0, 64, 16)]
+    np.testing.assert_array_equal(np.concatenate(kept), model.forward(x))
+    np.testing.assert_array_equal(trainer.predict(x).argmax(axis=1), model.forward(x).argmax(axis=1))
+    before = [o.copy() for o in kept]
+    trainer.train_step(x[:32], y[:32])  # the trainer takes its buffers back for the step, then returns them
+    for a, b in zip(kept, before):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -37,7 +39,9 @@ class Trainer(MemoryRuntime):
     micro-batches, which gives exactly the update of one batch of
     ``batch_size × k``. Parameters and their gradients live in one flat
     buffer each; every op's outputs come from a buffer pool, so after the
-    first step a training step allocates no new arrays.
+    first step a training step allocates no new arrays. The model holds the
+    pool only while a trainer call runs: between calls, ``model.forward(x)``
+    returns arrays of its own, which later calls leave alone.
 
     ``gradient_compression`` ("topk" with ``compression_ratio``, "threshold"
     with ``compression_threshold``, or "auto"; off by default) lets each step
@@ -212,7 +216,26 @@ class Trainer(MemoryRuntime):
         loss, _ = self._optimisation_step(micro)
         return loss
 
+    @contextlib.contextmanager
+    def _buffers_lent(self) -> Iterator[None]:
+        """Run the model on the trainer's buffers for one call, and take them back after it.
+
+        Between trainer calls the model has no pool, so ``model.forward(x)``
+        returns an array of its own, as users expect; inside a call, outputs
+        are the planned buffers the next step reuses.
+        """
+        if self._pool is not None:
+            self.model.attach_pool(self._pool)
+        try:
+            yield
+        finally:
+            self.model.attach_pool(None)
+
     def _optimisation_step(self, micro_batches: list[tuple[Any, Any]]) -> tuple[float, int]:
+        with self._buffers_lent():
+            return self._step_on_buffers(micro_batches)
+
+    def _step_on_buffers(self, micro_batches: list[tuple[Any, Any]]) -> tuple[float, int]:
         self._ensure_ready()
         flat, backend, model, loss_fn = self._flat, self.backend, self.model, self.loss
         if flat is None:  # pragma: no cover
@@ -427,14 +450,15 @@ class Trainer(MemoryRuntime):
         model.eval()
         loss_sum, correct, seen = 0.0, 0, 0
         try:
-            for x, y in loader:
-                xd, yd = backend.from_host(x), backend.from_host(y)
-                out = model.forward(xd)
-                loss_sum += self.loss.forward(out, yd) * len(x)
-                if self._classification:
-                    # the logits are small ((batch, classes)): counting on the host costs one read, no launches
-                    correct += int((backend.to_host(out).argmax(axis=1) == y).sum())
-                seen += len(x)
+            with self._buffers_lent():
+                for x, y in loader:
+                    xd, yd = backend.from_host(x), backend.from_host(y)
+                    out = model.forward(xd)
+                    loss_sum += self.loss.forward(out, yd) * len(x)
+                    if self._classification:
+                        # the logits are small ((batch, classes)): counting on the host costs one read, no launches
+                        correct += int((backend.to_host(out).argmax(axis=1) == y).sum())
+                    seen += len(x)
         finally:
             model.train(was_training)
         if seen == 0:
@@ -455,9 +479,10 @@ class Trainer(MemoryRuntime):
         model.eval()
         parts = []
         try:
-            for start in range(0, len(x), self.batch_size):
-                out = model.forward(backend.from_host(x[start:start + self.batch_size]))
-                parts.append(np.array(backend.to_host(self.loss.predictions(out)), copy=True))
+            with self._buffers_lent():
+                for start in range(0, len(x), self.batch_size):
+                    out = model.forward(backend.from_host(x[start:start + self.batch_size]))
+                    parts.append(np.array(backend.to_host(self.loss.predictions(out)), copy=True))
         finally:
             model.train(was_training)
         if not parts:
