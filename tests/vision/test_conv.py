@@ -84,23 +84,39 @@ def test_random_shapes_match_reference(n: int, c: int, h: int, w: int, out_per_g
     np.testing.assert_allclose(conv.bias.grad, gy.sum(axis=(0, 2, 3)), atol=1e-10)
 
 
+# strided (weight gradient from the input's columns, input gradient per tap), and stride 1 (both gradients from
+# the output gradient's columns), plain and grouped with dilation
+CHUNKED_GEOMETRIES = [dict(in_channels=4, out_channels=4, kernel_size=3, padding=1, stride=2),
+                      dict(in_channels=4, out_channels=6, kernel_size=3, padding=1),
+                      dict(in_channels=4, out_channels=6, kernel_size=3, padding=2, dilation=2, groups=2)]
+
+
+@pytest.mark.parametrize("geometry", CHUNKED_GEOMETRIES, ids=str)
 @pytest.mark.parametrize("keep", [True, False])
 @pytest.mark.parametrize("budget", [None, 1, 4000])
-def test_chunked_workspace_gives_the_same_result(budget: int | None, keep: bool, rng: np.random.Generator) -> None:
-    """Chunks of one sample (budget 1) or a few, columns kept or rebuilt: the same numbers as one chunk."""
-    reference = Conv2d(3, 4, 3, padding=1, stride=2, max_workspace_bytes=None).astype(np.float64)
-    chunked = Conv2d(3, 4, 3, padding=1, stride=2, max_workspace_bytes=budget).astype(np.float64)
+def test_chunked_workspace_gives_the_same_result(budget: int | None, keep: bool, geometry: dict[str, Any],
+                                                 rng: np.random.Generator) -> None:
+    """Chunks of one sample (budget 1) or a few, columns kept or rebuilt: the same numbers as one chunk,
+    and as the reference convolution."""
+    reference = Conv2d(**geometry, max_workspace_bytes=None).astype(np.float64)
+    chunked = Conv2d(**geometry, max_workspace_bytes=budget).astype(np.float64)
     chunked.load_state_dict(reference.state_dict())
     chunked.keep_columns = keep
-    x = rng.standard_normal((5, 3, 7, 7))
-    gy = rng.standard_normal((5, 4, 4, 4))
+    x = rng.standard_normal((5, 4, 7, 7))
+    gy = rng.standard_normal((5, *reference.output_shape(x.shape)[1:]))
+    args = (reference.stride, reference.padding, reference.dilation, reference.groups)
+    expected_gx, expected_gw = conv2d_grads(x, reference.weight.data, gy, *args)
     for conv in (reference, chunked):
         conv.forward(x)
         conv.backward(gy)
     if budget == 1:
-        assert chunked.chunk_size((5, 7, 7, 3)) == 1
+        assert chunked.chunk_size((5, 7, 7, 4)) == 1
+        assert chunked.grad_chunk_size((5, 7, 7, 4)) == (1 if chunked.stride == (1, 1) else 5)  # strided: per tap
+    np.testing.assert_allclose(reference.weight.grad, expected_gw, atol=1e-10)
     np.testing.assert_allclose(chunked.forward(x), reference.forward(x), atol=1e-12)
-    np.testing.assert_allclose(chunked.backward(gy), reference.backward(gy), atol=1e-12)
+    gx = reference.backward(gy)
+    np.testing.assert_allclose(gx, expected_gx, atol=1e-10)
+    np.testing.assert_allclose(chunked.backward(gy), gx, atol=1e-12)
     np.testing.assert_allclose(chunked.weight.grad, reference.weight.grad, atol=1e-12)
 
 
@@ -114,7 +130,11 @@ def test_memory_declaration_bounds_the_columns_by_the_budget() -> None:
     per_sample = conv.workspace_bytes_per_sample((32, 32))
     assert chunk * per_sample <= 2**20 < (chunk + 1) * per_sample
     unbounded = Conv2d(16, 32, 3, padding=1, layout="NHWC", max_workspace_bytes=None)
-    assert (64, 32, 32, 1, 3, 3, 16) in unbounded.memory_declaration((64, 32, 32, 16)).cached  # kept for backward
+    columns = (64, 32, 32, 1, 3, 3, 16)
+    # with an input gradient, both gradients come from the output gradient's columns: nothing to keep
+    assert columns not in unbounded.memory_declaration((64, 32, 32, 16)).cached
+    unbounded.needs_input_grad = False  # a first layer: its weight gradient reads the forward's columns, kept
+    assert columns in unbounded.memory_declaration((64, 32, 32, 16)).cached
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])

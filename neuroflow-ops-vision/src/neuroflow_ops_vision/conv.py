@@ -174,8 +174,11 @@ class Conv2d(ChannelsLastOperator):
 
     def _keeps_columns(self, chunk: int, n: int) -> bool:
         """Whether forward's columns stay for backward: the whole batch in one chunk and more than one tap
-        (a 1×1 sweep's columns are a subsample of the input, as cheap to take again as to hold)."""
-        return self.keep_columns and chunk >= n and self.kernel_size != (1, 1)
+        (a 1×1 sweep's columns are a subsample of the input, as cheap to take again as to hold), for a weight
+        gradient that would build them again. A stride-1 sweep with an input gradient takes both gradients
+        from the output gradient's columns instead (see ``conv_gemm.backward``)."""
+        from_gradient = self.needs_input_grad and conv_gemm.transposed(self.geometry) is not None
+        return self.keep_columns and chunk >= n and self.kernel_size != (1, 1) and not from_gradient
 
     def _wmat_shape(self) -> tuple[int, int, int, int]:
         return (self.out_channels, *self.kernel_size, self.in_channels // self.groups)

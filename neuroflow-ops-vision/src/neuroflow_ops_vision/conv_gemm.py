@@ -2,15 +2,18 @@
 
 Forward: the windows of a chunk are copied into a column matrix
 (rows = output pixels, columns = kh·kw·C/G in (i, j, c) order, contiguous in
-c) and multiplied by the weight matrix in one GEMM per group. Backward: the
-weight gradient is one GEMM against the columns (rebuilt per chunk unless the
-forward kept them). The input gradient of a stride-1 sweep is itself a
-stride-1 convolution, of the output gradient with the spatially flipped,
-transposed kernel: columns of the gradient and one GEMM (measured on
-ResNet-18's 3×3 layers: 0.6–0.8× the time of the per-tap method, except at
-4×4 maps where they tie). Other sweeps take one GEMM per tap whose result is
-added into a strided slice of the gradient, which is col2im without
-``add.at`` and without a column-sized buffer.
+c) and multiplied by the weight matrix in one GEMM per group.
+
+Backward of a stride-1 sweep: the input gradient is itself a stride-1
+convolution, of the output gradient with the spatially flipped, transposed
+kernel: columns of the gradient and one GEMM (measured on ResNet-18's 3×3
+layers: 0.6–0.8× the time of the per-tap method, except at 4×4 maps where
+they tie). The same columns, transposed, times the input give the weight
+gradient with its taps flipped, so one im2col (of the gradient) serves both.
+Other sweeps take the weight gradient as one GEMM against the input's columns
+(rebuilt per chunk unless the forward kept them), and the input gradient as
+one GEMM per tap whose result is added into a strided slice of the gradient,
+which is col2im without ``add.at`` and without a column-sized buffer.
 """
 
 from __future__ import annotations
@@ -73,19 +76,24 @@ def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspac
 
     ``gw`` may be strided (the parameter's gradient, transposed): each chunk's
     GEMM goes into one contiguous workspace and is copied or added from there.
-    The weight gradient runs first, in a workspace scope of its own (columns,
-    padded input, GEMM result), retired before ``weight_matrix(ws)`` and the
-    input gradient's workspaces are taken: the two never need memory at once.
-    ``grad_chunk`` (default ``chunk``) is the batch chunk of the input gradient's
-    columns when it is computed as a transposed convolution (see :func:`transposed`),
-    with the kernel ``flipped_weight(ws)`` gives (see :func:`flip`); without it the
-    input gradient takes the per-tap method.
+    A stride-1 sweep with an input gradient takes both from the output
+    gradient's columns, in batch chunks of ``grad_chunk`` (default ``chunk``),
+    with the kernel ``flipped_weight(ws)`` gives (see :func:`transposed`,
+    :func:`flip`). Otherwise the weight gradient runs first, in a workspace
+    scope of its own (columns, padded input, GEMM result), retired before
+    ``weight_matrix(ws)`` and the input gradient's workspaces are taken (the
+    two never need memory at once), and the input gradient takes the per-tap
+    method.
     """
     xp = ws.xp
     n = x.shape[0]
     out_hw = (grad.shape[1], grad.shape[2])
     o = grad.shape[3]
     og = o // groups
+    sweep = transposed(geo)
+    if sweep is not None and flipped_weight is not None and not geo.pointwise and gx is not None:
+        _from_gradient_columns(ws, x, grad, gw, gx, sweep, groups, grad_chunk or chunk, flipped_weight(ws))
+        return
     if gw is not None:
         with Workspace(ws.op, f"{ws.phase}.weight") as wws:
             for k, n0 in enumerate(range(0, n, chunk)):
@@ -100,20 +108,44 @@ def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspac
                     else:
                         target += part.reshape(target.shape)
     if gx is not None:
-        sweep = transposed(geo)
-        if sweep is not None and flipped_weight is not None and not geo.pointwise:
-            flipped = flipped_weight(ws)
-            step = grad_chunk or chunk
-            for n0 in range(0, n, step):
-                gx2 = gx[n0:n0 + step].reshape(-1, gx.shape[3])
-                cols = columns(ws, grad[n0:n0 + step], sweep, gx.shape[1:3], groups)
-                cg = gx.shape[3] // groups
-                for g in range(groups):
-                    xp.matmul(cols[:, g], flipped[g], out=gx2[:, g * cg:(g + 1) * cg])
-            return
         wmat = weight_matrix(ws)
         for n0 in range(0, n, chunk):
             input_grad(ws, grad[n0:n0 + chunk].reshape(-1, o), wmat, gx[n0:n0 + chunk], geo, groups, out_hw)
+
+
+def _from_gradient_columns(ws: Workspace, x: Any, grad: Any, gw: Any | None, gx: Any, sweep: Geometry, groups: int,
+                           step: int, flipped: Any) -> None:
+    """Both gradients of a stride-1 sweep from one set of columns, those of the output gradient.
+
+    With ``cols`` the columns of the gradient under ``sweep`` (rows: input
+    pixels; columns: taps (i', j') of the flipped kernel, then output channels),
+    ``gx = cols · flipped`` and ``cols^T · x`` is the weight gradient with its
+    taps flipped: one im2col per chunk instead of one of the gradient and
+    one of the input. The weight gradient adds up over chunks in a contiguous
+    workspace, flipped and transposed into ``gw`` (O, kh, kw, C/G) once.
+    """
+    xp = ws.xp
+    n, c = x.shape[0], x.shape[3]
+    cg = c // groups
+    kh, kw = sweep.kernel
+    total = ws("conv.gw_flipped", flipped.shape, gx.dtype) if gw is not None else None
+    part = ws("conv.gw_part", flipped.shape, gx.dtype) if gw is not None and step < n else None
+    for n0 in range(0, n, step):
+        cols = columns(ws, grad[n0:n0 + step], sweep, gx.shape[1:3], groups)
+        gx2 = gx[n0:n0 + step].reshape(-1, c)
+        x2 = x[n0:n0 + step].reshape(-1, c)
+        for g in range(groups):
+            xp.matmul(cols[:, g], flipped[g], out=gx2[:, g * cg:(g + 1) * cg])
+            if total is not None:
+                into = total[g] if part is None or n0 == 0 else part[g]
+                xp.matmul(cols[:, g].T, x2[:, g * cg:(g + 1) * cg], out=into)
+                if n0:
+                    total[g] += into
+    if gw is not None and total is not None:
+        og = gw.shape[0] // groups
+        taps = total.reshape(groups, kh, kw, og, cg)[:, ::-1, ::-1]  # back to the forward kernel's taps
+        for g in range(groups):
+            xp.copyto(gw[g * og:(g + 1) * og], taps[g].transpose(2, 0, 1, 3))
 
 
 def transposed(geo: Geometry) -> Geometry | None:
