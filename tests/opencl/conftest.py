@@ -3,6 +3,9 @@ GEMM kernel forced in turn."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,11 +34,31 @@ def xp(backend: Any) -> Any:
     return backend.xp
 
 
-@pytest.fixture(params=[None, *VARIANTS])
-def variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str | None:
-    """Each kernel forced in turn (None: the one the device would choose); tiled is the GPU kernel."""
-    if request.param is not None:
-        monkeypatch.setenv("NEUROFLOW_OPENCL_GEMM", request.param)
+@contextlib.contextmanager
+def forced_gemm(backend: Any, name: str | None) -> Iterator[None]:
+    """``NEUROFLOW_OPENCL_GEMM=name`` (None: unset) inside the block, changed only while the device is idle.
+
+    pocl links a kernel on its own threads, spawning the linker with the process environment; a setenv at
+    that moment frees the array the spawn reads, the spawn fails (EFAULT) and pocl aborts the process.
+    """
+    saved = os.environ.get("NEUROFLOW_OPENCL_GEMM")
+    _set_gemm(backend, name)
+    try:
+        yield
+    finally:
+        _set_gemm(backend, saved)
+
+
+def _set_gemm(backend: Any, value: str | None) -> None:
+    backend.synchronize()
+    if value is None:
+        os.environ.pop("NEUROFLOW_OPENCL_GEMM", None)
     else:
-        monkeypatch.delenv("NEUROFLOW_OPENCL_GEMM", raising=False)
-    return request.param
+        os.environ["NEUROFLOW_OPENCL_GEMM"] = value
+
+
+@pytest.fixture(params=[None, *VARIANTS])
+def variant(request: pytest.FixtureRequest, backend: Any) -> Iterator[str | None]:
+    """Each kernel forced in turn (None: the one the device would choose); tiled is the GPU kernel."""
+    with forced_gemm(backend, request.param):
+        yield request.param

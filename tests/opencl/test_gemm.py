@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from .conftest import forced_gemm
+
 ODD = [(1, 1, 1), (1, 5, 17), (17, 3, 1), (3, 17, 5), (5, 1, 9), (2, 7, 3), (7, 2, 4),
        (9, 16, 16), (16, 9, 17), (17, 17, 17), (8, 13, 8), (4, 4, 15), (15, 6, 4)]
 LAYOUTS = [(False, False), (True, False), (False, True), (True, True)]  # (A transposed, B transposed)
@@ -129,7 +131,7 @@ def test_batched_out_view(xp: Any, variant: str | None) -> None:
     check(big, expected)
 
 
-def test_errors_say_what_is_wrong(xp: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_errors_say_what_is_wrong(backend: Any, xp: Any) -> None:
     a, b = xp.zeros((3, 4)), xp.zeros((5, 6))
     with pytest.raises(ValueError, match="mismatch in core dimension"):
         xp.matmul(a, b)
@@ -137,6 +139,5 @@ def test_errors_say_what_is_wrong(xp: Any, monkeypatch: pytest.MonkeyPatch) -> N
         xp.matmul(a, xp.zeros((4, 6)), out=xp.zeros((3, 5)))
     with pytest.raises(TypeError, match="floating-point"):
         xp.matmul(xp.zeros((3, 4), dtype=np.int32), xp.zeros((4, 2), dtype=np.int32))
-    monkeypatch.setenv("NEUROFLOW_OPENCL_GEMM", "fastest")
-    with pytest.raises(ValueError, match="tiled, rows, dots, scalar"):
+    with forced_gemm(backend, "fastest"), pytest.raises(ValueError, match="tiled, rows, dots, scalar"):
         xp.matmul(a, xp.zeros((4, 6)))
