@@ -92,7 +92,7 @@ def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspac
     og = o // groups
     sweep = transposed(geo)
     if sweep is not None and flipped_weight is not None and not geo.pointwise and gx is not None:
-        _from_gradient_columns(ws, x, grad, gw, gx, sweep, groups, grad_chunk or chunk, flipped_weight(ws))
+        _from_gradient_columns(ws, x, grad, gw, gx, sweep, groups, grad_chunk or chunk, flipped_weight)
         return
     if gw is not None:
         with Workspace(ws.op, f"{ws.phase}.weight") as wws:
@@ -114,38 +114,39 @@ def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspac
 
 
 def _from_gradient_columns(ws: Workspace, x: Any, grad: Any, gw: Any | None, gx: Any, sweep: Geometry, groups: int,
-                           step: int, flipped: Any) -> None:
+                           step: int, flipped_weight: Callable[[Workspace], Any]) -> None:
     """Both gradients of a stride-1 sweep from one set of columns, those of the output gradient.
 
     With ``cols`` the columns of the gradient under ``sweep`` (rows: input
     pixels; columns: taps (i', j') of the flipped kernel, then output channels),
     ``gx = cols · flipped`` and ``cols^T · x`` is the weight gradient with its
     taps flipped: one im2col per chunk instead of one of the gradient and
-    one of the input. The weight gradient adds up over chunks in a contiguous
-    workspace, flipped and transposed into ``gw`` (O, kh, kw, C/G) once.
+    one of the input. Each chunk's weight gradient is written over the flipped
+    kernel once its input gradient is done, flipped back and copied (first
+    chunk) or added into ``gw`` (O, kh, kw, C/G); the next chunk flips the
+    kernel again. So the two gradients need no more weight-sized memory than
+    the input gradient alone (ResNet-18's last stage: 9 MiB less at the step's peak).
     """
     xp = ws.xp
     n, c = x.shape[0], x.shape[3]
     cg = c // groups
     kh, kw = sweep.kernel
-    total = ws("conv.gw_flipped", flipped.shape, gx.dtype) if gw is not None else None
-    part = ws("conv.gw_part", flipped.shape, gx.dtype) if gw is not None and step < n else None
+    og = gw.shape[0] // groups if gw is not None else 0
     for n0 in range(0, n, step):
+        flipped = flipped_weight(ws)
         cols = columns(ws, grad[n0:n0 + step], sweep, gx.shape[1:3], groups)
         gx2 = gx[n0:n0 + step].reshape(-1, c)
         x2 = x[n0:n0 + step].reshape(-1, c)
         for g in range(groups):
             xp.matmul(cols[:, g], flipped[g], out=gx2[:, g * cg:(g + 1) * cg])
-            if total is not None:
-                into = total[g] if part is None or n0 == 0 else part[g]
-                xp.matmul(cols[:, g].T, x2[:, g * cg:(g + 1) * cg], out=into)
-                if n0:
-                    total[g] += into
-    if gw is not None and total is not None:
-        og = gw.shape[0] // groups
-        taps = total.reshape(groups, kh, kw, og, cg)[:, ::-1, ::-1]  # back to the forward kernel's taps
-        for g in range(groups):
-            xp.copyto(gw[g * og:(g + 1) * og], taps[g].transpose(2, 0, 1, 3))
+            if gw is None:
+                continue
+            xp.matmul(cols[:, g].T, x2[:, g * cg:(g + 1) * cg], out=flipped[g])  # this group's kernel is done
+            taps = flipped[g].reshape(kh, kw, og, cg)[::-1, ::-1].transpose(2, 0, 1, 3)  # the forward kernel's taps
+            if n0 == 0:
+                xp.copyto(gw[g * og:(g + 1) * og], taps)
+            else:
+                gw[g * og:(g + 1) * og] += taps
 
 
 def transposed(geo: Geometry) -> Geometry | None:
