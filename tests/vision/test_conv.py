@@ -120,6 +120,22 @@ def test_chunked_workspace_gives_the_same_result(budget: int | None, keep: bool,
     np.testing.assert_allclose(chunked.weight.grad, reference.weight.grad, atol=1e-12)
 
 
+@pytest.mark.parametrize("geometry", CHUNKED_GEOMETRIES[1:], ids=str)
+def test_a_frozen_weight_in_chunks_gives_the_input_gradient_only(geometry: dict[str, Any],
+                                                                   rng: np.random.Generator) -> None:
+    """Stride 1 without a weight gradient: the flipped kernel serves every chunk (it is overwritten only by a
+    weight gradient), and the input gradient is the reference's."""
+    conv = Conv2d(**geometry, max_workspace_bytes=1).astype(np.float64)
+    conv.weight.requires_grad = False
+    x = rng.standard_normal((3, 4, 7, 7))
+    gy = rng.standard_normal((3, *conv.output_shape(x.shape)[1:]))
+    conv.forward(x)
+    gx = conv.backward(gy)
+    args = (conv.stride, conv.padding, conv.dilation, conv.groups)
+    np.testing.assert_allclose(gx, conv2d_grads(x, conv.weight.data, gy, *args)[0], atol=1e-10)
+    assert conv.weight.grad is None
+
+
 def test_memory_declaration_bounds_the_columns_by_the_budget() -> None:
     conv = Conv2d(16, 32, 3, padding=1, layout="NHWC", max_workspace_bytes=2**20)
     declared = conv.memory_declaration((64, 32, 32, 16))

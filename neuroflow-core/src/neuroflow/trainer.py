@@ -441,26 +441,18 @@ class Trainer(MemoryRuntime):
 
     def evaluate(self, data: Any) -> dict[str, float]:
         """Mean loss (and accuracy for classification) over ``data`` in eval mode."""
-        self._place_model()
         loader = self._loader(data, shuffle=False)
-        model, backend = self.model, self.backend
-        if self.offload is not None:
-            self.offload.ensure_loaded()
-        was_training = model.training
-        model.eval()
+        backend = self.backend
         loss_sum, correct, seen = 0.0, 0, 0
-        try:
-            with self._buffers_lent():
-                for x, y in loader:
-                    xd, yd = backend.from_host(x), backend.from_host(y)
-                    out = model.forward(xd)
-                    loss_sum += self.loss.forward(out, yd) * len(x)
-                    if self._classification:
-                        # the logits are small ((batch, classes)): counting on the host costs one read, no launches
-                        correct += int((backend.to_host(out).argmax(axis=1) == y).sum())
-                    seen += len(x)
-        finally:
-            model.train(was_training)
+        with self._inference() as model:
+            for x, y in loader:
+                xd, yd = backend.from_host(x), backend.from_host(y)
+                out = model.forward(xd)
+                loss_sum += self.loss.forward(out, yd) * len(x)
+                if self._classification:
+                    # the logits are small ((batch, classes)): counting on the host costs one read, no launches
+                    correct += int((backend.to_host(out).argmax(axis=1) == y).sum())
+                seen += len(x)
         if seen == 0:
             raise ConfigError("evaluate got no data")
         metrics = {"loss": loss_sum / seen}
@@ -470,24 +462,31 @@ class Trainer(MemoryRuntime):
 
     def predict(self, x: Any) -> np.ndarray:
         """Model outputs for host array ``x`` as a host array (class probabilities for CrossEntropy)."""
-        self._place_model()
         x = np.asarray(x)
-        model, backend = self.model, self.backend
+        backend = self.backend
+        parts = []
+        with self._inference() as model:
+            for start in range(0, len(x), self.batch_size):
+                out = model.forward(backend.from_host(x[start:start + self.batch_size]))
+                parts.append(np.array(backend.to_host(self.loss.predictions(out)), copy=True))
+        if not parts:
+            raise ConfigError("predict got an empty batch")
+        return np.concatenate(parts)
+
+    @contextlib.contextmanager
+    def _inference(self) -> Iterator[Operator]:
+        """The model on the backend, loaded, in eval mode and on the trainer's buffers; its mode restored after."""
+        self._place_model()
+        model = self.model
         if self.offload is not None:
             self.offload.ensure_loaded()
         was_training = model.training
         model.eval()
-        parts = []
         try:
             with self._buffers_lent():
-                for start in range(0, len(x), self.batch_size):
-                    out = model.forward(backend.from_host(x[start:start + self.batch_size]))
-                    parts.append(np.array(backend.to_host(self.loss.predictions(out)), copy=True))
+                yield model
         finally:
             model.train(was_training)
-        if not parts:
-            raise ConfigError("predict got an empty batch")
-        return np.concatenate(parts)
 
     # ------------------------------------------------------------------ plumbing
     def _loader(self, data: Any, shuffle: bool) -> Any:

@@ -57,10 +57,4 @@ def start_to_host(array: ClArray) -> Callable[[], np.ndarray]:
 
 def to_host(array: ClArray) -> np.ndarray:
     """A numpy copy of ``array``; waits only for the work queued before it."""
-    dense = array if array.is_contiguous else array.copy()
-    host = np.empty(dense.shape, dense.dtype)
-    if host.size:
-        device = dense.device
-        device.cl.enqueue_copy(device.queue, host, dense.buffer, src_offset=dense.offset * dense.itemsize,
-                               is_blocking=True)
-    return host
+    return start_to_host(array)()

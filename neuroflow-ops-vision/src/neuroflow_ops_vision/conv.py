@@ -177,7 +177,7 @@ class Conv2d(ChannelsLastOperator):
         (a 1×1 sweep's columns are a subsample of the input, as cheap to take again as to hold), for a weight
         gradient that would build them again. A stride-1 sweep with an input gradient takes both gradients
         from the output gradient's columns instead (see ``conv_gemm.backward``)."""
-        from_gradient = self.needs_input_grad and conv_gemm.transposed(self.geometry) is not None
+        from_gradient = self.needs_input_grad and conv_gemm.takes_gradient_columns(self.geometry)
         return self.keep_columns and chunk >= n and self.kernel_size != (1, 1) and not from_gradient
 
     def _wmat_shape(self) -> tuple[int, int, int, int]:

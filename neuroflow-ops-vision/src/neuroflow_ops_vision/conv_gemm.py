@@ -70,15 +70,15 @@ def forward(ws: Workspace, x: Any, wmat: Any, y: Any, geo: Geometry, groups: int
 
 
 def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspace], Any], gw: Any | None,
-             gx: Any | None, geo: Geometry, groups: int, chunk: int, kept: Any = None,
-             grad_chunk: int | None = None, flipped_weight: Callable[[Workspace], Any] | None = None) -> None:
+             gx: Any | None, geo: Geometry, groups: int, chunk: int, kept: Any,
+             grad_chunk: int, flipped_weight: Callable[[Workspace], Any]) -> None:
     """Write the weight gradient into ``gw`` (O, kh, kw, C/G) and the input gradient into ``gx``; None skips either.
 
     ``gw`` may be strided (the parameter's gradient, transposed): each chunk's
     GEMM goes into one contiguous workspace and is copied or added from there.
     A stride-1 sweep with an input gradient takes both from the output
-    gradient's columns, in batch chunks of ``grad_chunk`` (default ``chunk``),
-    with the kernel ``flipped_weight(ws)`` gives (see :func:`transposed`,
+    gradient's columns (:func:`takes_gradient_columns`), in batch chunks of
+    ``grad_chunk``, with the kernel ``flipped_weight(ws)`` gives (see
     :func:`flip`). Otherwise the weight gradient runs first, in a workspace
     scope of its own (columns, padded input, GEMM result), retired before
     ``weight_matrix(ws)`` and the input gradient's workspaces are taken (the
@@ -90,9 +90,9 @@ def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspac
     out_hw = (grad.shape[1], grad.shape[2])
     o = grad.shape[3]
     og = o // groups
-    sweep = transposed(geo)
-    if sweep is not None and flipped_weight is not None and not geo.pointwise and gx is not None:
-        _from_gradient_columns(ws, x, grad, gw, gx, sweep, groups, grad_chunk or chunk, flipped_weight)
+    sweep = transposed(geo) if gx is not None and takes_gradient_columns(geo) else None
+    if sweep is not None:
+        _from_gradient_columns(ws, x, grad, gw, gx, sweep, groups, grad_chunk, flipped_weight)
         return
     if gw is not None:
         with Workspace(ws.op, f"{ws.phase}.weight") as wws:
@@ -117,7 +117,7 @@ def _from_gradient_columns(ws: Workspace, x: Any, grad: Any, gw: Any | None, gx:
                            step: int, flipped_weight: Callable[[Workspace], Any]) -> None:
     """Both gradients of a stride-1 sweep from one set of columns, those of the output gradient.
 
-    With ``cols`` the columns of the gradient under ``sweep`` (rows: input
+    With ``cols`` the columns of the gradient under ``sweep`` (see :func:`transposed`; rows: input
     pixels; columns: taps (i', j') of the flipped kernel, then output channels),
     ``gx = cols · flipped`` and ``cols^T · x`` is the weight gradient with its
     taps flipped: one im2col per chunk instead of one of the gradient and
@@ -126,14 +126,17 @@ def _from_gradient_columns(ws: Workspace, x: Any, grad: Any, gw: Any | None, gx:
     chunk) or added into ``gw`` (O, kh, kw, C/G); the next chunk flips the
     kernel again. So the two gradients need no more weight-sized memory than
     the input gradient alone (ResNet-18's last stage: 9 MiB less at the step's peak).
+    Without a weight gradient the kernel is flipped once.
     """
     xp = ws.xp
     n, c = x.shape[0], x.shape[3]
     cg = c // groups
     kh, kw = sweep.kernel
     og = gw.shape[0] // groups if gw is not None else 0
+    flipped = None
     for n0 in range(0, n, step):
-        flipped = flipped_weight(ws)
+        if flipped is None or gw is not None:  # the previous chunk's weight gradient overwrote it
+            flipped = flipped_weight(ws)
         cols = columns(ws, grad[n0:n0 + step], sweep, gx.shape[1:3], groups)
         gx2 = gx[n0:n0 + step].reshape(-1, c)
         x2 = x[n0:n0 + step].reshape(-1, c)
@@ -147,6 +150,12 @@ def _from_gradient_columns(ws: Workspace, x: Any, grad: Any, gw: Any | None, gx:
                 xp.copyto(gw[g * og:(g + 1) * og], taps)
             else:
                 gw[g * og:(g + 1) * og] += taps
+
+
+def takes_gradient_columns(geo: Geometry) -> bool:
+    """Whether a sweep's backward takes both gradients from the output gradient's columns (when the input
+    gradient is wanted): stride 1, a kernel larger than 1×1, padding within :func:`transposed`'s bound."""
+    return transposed(geo) is not None and not geo.pointwise
 
 
 def transposed(geo: Geometry) -> Geometry | None:
