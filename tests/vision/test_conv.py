@@ -144,13 +144,29 @@ def test_memory_declaration_bounds_the_columns_by_the_budget() -> None:
     assert 1 <= chunk < 64
     assert (chunk, 32, 32, 1, 3, 3, 16) in declared.workspace
     per_sample = conv.workspace_bytes_per_sample((32, 32))
-    assert chunk * per_sample <= 2**20 < (chunk + 1) * per_sample
+    assert chunk * per_sample <= 2**20
     unbounded = Conv2d(16, 32, 3, padding=1, layout="NHWC", max_workspace_bytes=None)
     columns = (64, 32, 32, 1, 3, 3, 16)
     # with an input gradient, both gradients come from the output gradient's columns: nothing to keep
     assert columns not in unbounded.memory_declaration((64, 32, 32, 16)).cached
     unbounded.needs_input_grad = False  # a first layer: its weight gradient reads the forward's columns, kept
     assert columns in unbounded.memory_declaration((64, 32, 32, 16)).cached
+
+
+@pytest.mark.parametrize(("fitting", "expected"), [(22, 16), (32, 32), (31, 16), (5, 5), (7, 7), (1, 1)])
+def test_the_batch_is_split_into_the_fewest_chunks_of_even_size(fitting: int, expected: int) -> None:
+    """A budget that fits 22 of 32 samples gives two chunks of 16, not 22 + 10 (a small last chunk is a less
+    efficient GEMM); 5 per chunk stays 5 (seven chunks either way). Forward and gradient columns alike."""
+    conv = Conv2d(16, 16, 3, padding=1, layout="NHWC")
+    shape = (32, 16, 16, 16)
+    conv.max_workspace_bytes = fitting * conv.workspace_bytes_per_sample((16, 16))
+    assert conv.chunk_size(shape) == expected
+    per_sample = conv.max_workspace_bytes // fitting
+    assert -(-32 // conv.chunk_size(shape)) == -(-32 // fitting)  # no more chunks than the budget needs
+    assert conv.chunk_size(shape) * per_sample <= conv.max_workspace_bytes
+    gradient_per_sample = (18 * 18 * 16 + 16 * 16 * 9 * 16) * 4  # the padded output gradient and its columns
+    conv.max_workspace_bytes = fitting * gradient_per_sample
+    assert conv.grad_chunk_size(shape) == expected
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])

@@ -46,6 +46,16 @@ def test_resnet18_forward_backward_shapes(rng: np.random.Generator) -> None:
     assert all(p.grad is not None and p.grad.shape == p.shape for p in model.parameters())
 
 
+def test_resnet18_last_stage_backward_runs_in_one_chunk_at_batch_32() -> None:
+    """The last stage's 9 MiB kernels are flipped once per backward chunk: its convolutions' columns for a
+    CIFAR batch of 32 fit one chunk; the first stage's, 8× larger per sample, are still chunked."""
+    model = resnet18(num_classes=10)
+    last, first = model.layer4[1].conv2, model.layer1[0].conv1
+    assert last.grad_chunk_size((32, 4, 4, 512)) == 32
+    assert last.chunk_size((32, 4, 4, 512)) == 32
+    assert first.grad_chunk_size((32, 32, 32, 64)) < 32
+
+
 @pytest.mark.parametrize("stride, cin, cout", [(1, 4, 4), (2, 4, 6)])
 def test_basic_block_gradcheck(stride: int, cin: int, cout: int, rng: np.random.Generator) -> None:
     gradcheck(BasicBlock(cin, cout, stride), rng.standard_normal((2, 5, 5, cin)))

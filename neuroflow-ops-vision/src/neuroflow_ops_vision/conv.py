@@ -195,14 +195,16 @@ class Conv2d(ChannelsLastOperator):
 
     # ------------------------------------------------------------------ memory
     def workspace_bytes_per_sample(self, hw: tuple[int, int]) -> int:
-        """Transient bytes one sample needs in a chunk: padded map, columns and one tap's product."""
+        """Transient bytes one sample needs in a chunk: padded map, columns and, where the input gradient takes
+        the per-tap method (a strided sweep), one tap's product."""
         if self._depthwise or self.geometry.pointwise:
             return 0
         ho, wo = self.geometry.out_hw(hw)
         ph, pw = self.padding
         padded = (hw[0] + 2 * ph) * (hw[1] + 2 * pw) * self.in_channels if (ph or pw) else 0
         cols = ho * wo * self.kernel_size[0] * self.kernel_size[1] * self.in_channels
-        return (padded + cols + ho * wo * self.in_channels) * np.dtype(self.weight.data.dtype).itemsize
+        tap = ho * wo * self.in_channels if conv_gemm.transposed(self.geometry) is None else 0
+        return (padded + cols + tap) * np.dtype(self.weight.data.dtype).itemsize
 
     def chunk_size(self, nhwc: tuple[int, ...]) -> int:
         """Samples per im2col chunk for an NHWC input shape under ``max_workspace_bytes``."""
@@ -210,10 +212,14 @@ class Conv2d(ChannelsLastOperator):
         return self._samples_within_workspace(n, self.workspace_bytes_per_sample((int(nhwc[1]), int(nhwc[2]))))
 
     def _samples_within_workspace(self, n: int, per_sample: int) -> int:
-        """How many of ``n`` samples (at least one) fit ``max_workspace_bytes`` at ``per_sample`` bytes each."""
+        """Samples per chunk when ``n`` are split into as few chunks as fit ``max_workspace_bytes`` at
+        ``per_sample`` bytes each (at least one sample per chunk), sized evenly: 16 + 16 rather than 22 + 10,
+        so no chunk is a small, less efficient GEMM."""
         if self.max_workspace_bytes is None or per_sample == 0:
             return max(n, 1)
-        return max(1, min(n, self.max_workspace_bytes // per_sample))
+        most = max(1, min(n, self.max_workspace_bytes // per_sample))
+        chunks = -(-n // most)
+        return -(-n // chunks)
 
     def grad_chunk_size(self, nhwc: tuple[int, ...]) -> int:
         """Samples per chunk of the input gradient's columns under ``max_workspace_bytes``, when it is taken as
