@@ -270,6 +270,7 @@ def test_fused_conv_equals_the_adapted_conv():
     nf.manual_seed(0)
     model = nf.Sequential(ops.Conv2d(3, 8, 3, stride=2, padding=1, output_layout="NHWC"), ops.ReLU(),
                           ops.Conv2d(8, 4, 3, layout="NHWC"))
+    model[0].keep_columns = True  # a user's choice the adapter suspends and fusing gives back
     nf.lora.apply_lora(model, targets=("Conv2d",), rank=2)
     for i in (0, 2):
         trained_b(model[i], seed=i)

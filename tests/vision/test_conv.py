@@ -149,7 +149,9 @@ def test_memory_declaration_bounds_the_columns_by_the_budget() -> None:
     columns = (64, 32, 32, 1, 3, 3, 16)
     # with an input gradient, both gradients come from the output gradient's columns: nothing to keep
     assert columns not in unbounded.memory_declaration((64, 32, 32, 16)).cached
-    unbounded.needs_input_grad = False  # a first layer: its weight gradient reads the forward's columns, kept
+    unbounded.needs_input_grad = False  # a first layer: its weight gradient reads the forward's columns
+    assert columns not in unbounded.memory_declaration((64, 32, 32, 16)).cached  # rebuilt by default
+    unbounded.keep_columns = True  # kept on request
     assert columns in unbounded.memory_declaration((64, 32, 32, 16)).cached
 
 

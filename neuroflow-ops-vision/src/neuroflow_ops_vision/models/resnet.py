@@ -155,12 +155,6 @@ class ResNet(Sequential):
         self.avgpool = GlobalAvgPool2d(layout="NHWC")
         self.fc = Linear(512, num_classes, dtype=dtype)
         self.layers = stages + [self.avgpool, self.fc]
-        # No convolution keeps its forward columns for backward: kept, they would be held across the step's peak (the
-        # stem's 3.4 MiB, and the strided convolutions' of layer3 and layer4, 13.5 MiB, at batch 32 on CIFAR), and
-        # rebuilt they cost about a millisecond each.
-        for conv in self.modules():
-            if isinstance(conv, Conv2d):
-                conv.keep_columns = False
 
     def get_config(self) -> dict[str, Any]:
         return {"layers": self.block_counts, "num_classes": self.num_classes, "small_input": self.small_input,
