@@ -6,7 +6,8 @@ user calls it; PyTorch is CPU eager (``zero_grad``, forward, ``F.cross_entropy``
 ``step``, ``item``). Both start from the same weights (NeuroFlow's, copied by parameter name) and must
 report the same first losses. Each contender runs alone in a fresh worker process whose BLAS/OpenMP
 thread counts are set before numpy or torch load; the parent times blocks of steps interleaved round by
-round and reports medians, the NeuroFlow/PyTorch ratio, and each worker's peak RSS rise.
+round and reports medians, the NeuroFlow/PyTorch ratio, and each worker's peak RSS rise over its setup,
+through the first step and the untimed ones after it (whichever is higher).
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def table(results: list[dict[str, Any]], names: list[str]) -> str:
     rows = []
     for result in results:
         stats = {n: harness.summarise(result["samples_s"][n]) for n in names}
-        rise = {n: result["workers"][n]["first_step_rise_kb"] for n in names}
+        rise = {n: result["workers"][n]["peak_rise_kb"] for n in names}
         row: list[object] = [result["threads"], *(f"{stats[n]['median'] * 1e3:.1f}" for n in names)]
         if has_torch:
             row += [f"{harness.paired_ratio(result['samples_s'][n], result['samples_s']['PyTorch']):.2f}×"
@@ -187,8 +188,8 @@ def main(case: Case, script: str, argv: list[str] | None = None, threads: str = 
                  for n, w in result["workers"].items()]
         print(f"  threads={result['threads']} as the libraries report them: " + "; ".join(parts))
     print(f"  load average before {load_before}, after {harness.machine_load()}; ratio = median of per-round "
-          "ratios; spread = largest interquartile range / median; RSS rise = peak during the first step over RSS "
-          "after setup\n")
+          "ratios; spread = largest interquartile range / median; RSS rise = peak over RSS after setup, "
+          f"through the first {3 + args.warmup} steps\n")
     report_table = table(results, names)
     print(report_table)
     if args.json:

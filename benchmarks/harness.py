@@ -118,7 +118,8 @@ def serve_blocks(step: Callable[[], object]) -> None:
 
 
 def start_worker(step: Callable[[], float], warmup: int, info: dict[str, Any]) -> None:
-    """A worker's common start: RSS around the first step and the later ones, the first three losses (the
+    """A worker's common start: RSS around the first step and the later ones (``peak_rise_kb``: the highest RSS
+    over setup through both), the first three losses (the
     parent checks that contenders agree), ``warmup`` untimed steps; then report ``info`` and serve blocks."""
     gc.collect()
     setup = rss_kb()
@@ -135,6 +136,8 @@ def start_worker(step: Callable[[], float], warmup: int, info: dict[str, Any]) -
         "rss_setup_kb": setup, "rss_after_first_step_kb": after_first,
         "first_step_rise_kb": first_peak - setup if resettable else None,
         "later_step_rise_kb": max(peak_rss_kb() - after_first, 0),
+        # the step's true high-water mark over setup: the first step's, or a later one's if that is higher
+        "peak_rise_kb": max(first_peak, peak_rss_kb()) - setup if resettable else None,
         "openblas_threads": openblas_threads(),  # after the first GEMM, so the pool is live
     })
     gc.collect()

@@ -149,6 +149,30 @@ def test_predicted_peak_is_within_five_percent_of_measured(depth, batch):
     assert abs(predicted - measured) / measured <= 0.05, (predicted, measured)
 
 
+def test_the_traced_steps_memory_is_released_before_its_optimizer_step(monkeypatch):
+    """The first step's arrays are views of one reservation, so one left alive keeps all its pages resident:
+    none may be alive when the optimizer allocates its state, or the first step's peak is the trace's and the
+    optimizer's together."""
+    import weakref
+
+    reservations = []
+    forget = TracingPool.forget
+
+    def remember_the_reservation(self, modules):
+        reservations.extend(weakref.ref(base) for base in self._bases)
+        forget(self, modules)
+
+    monkeypatch.setattr(TracingPool, "forget", remember_the_reservation)
+    trainer = nf.Trainer(mlp(), nf.losses.CrossEntropy(), nf.optim.SGD(lr=0.1, momentum=0.9), batch_size=32,
+                         progress=False, seed=0)
+    alive_at_the_optimizer_step = []
+    step = trainer.optimizer.step
+    monkeypatch.setattr(trainer.optimizer, "step", lambda lr=None: (
+        alive_at_the_optimizer_step.append(any(ref() is not None for ref in reservations)), step(lr))[-1])
+    trainer.train_step(*data(32, 784, 10))
+    assert reservations and alive_at_the_optimizer_step == [False]
+
+
 def test_steady_state_steps_make_no_allocations_and_counters_match_tracemalloc():
     x, y = data(64, 784, 10)
     trainer = nf.Trainer(mlp(2), batch_size=64, progress=False)

@@ -277,6 +277,9 @@ class Trainer(MemoryRuntime):
                 tracer.release(gx)
                 tracer.done(loss_fn)
                 self._finish_trace(tracer, len(x))
+                # The traced arrays are views of one reservation: any one left alive keeps all its pages resident
+                # through the optimizer step, whose first call allocates the optimizer's state.
+                xd = yd = out = g = gx = logits = None
             loss_sum += value * len(x)
         if self.compressor is not None:
             self.compressor.compress(flat.grad)  # the optimizer (and clipping) see only what is sent
