@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import tracemalloc
 
 import numpy as np
@@ -171,6 +172,28 @@ def test_the_traced_steps_memory_is_released_before_its_optimizer_step(monkeypat
         alive_at_the_optimizer_step.append(any(ref() is not None for ref in reservations)), step(lr))[-1])
     trainer.train_step(*data(32, 784, 10))
     assert reservations and alive_at_the_optimizer_step == [False]
+
+
+def resident_mib() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_packing_parameters_leaves_none_of_their_old_arrays_resident():
+    """Once a large array has been freed, glibc serves the next ones from its heap and keeps their pages after
+    they are freed: packing must hand them back, or a model's parameters stay resident twice over."""
+    from neuroflow.memory.flat import FlatParameters
+    from neuroflow.tensor import Tensor
+
+    scratch = np.ones(2**21)  # 16 MiB, freed: glibc's mmap threshold rises to its size
+    del scratch
+    params = [Tensor(np.ones(2**16, np.float32), requires_grad=True) for _ in range(256)]  # 64 MiB on the heap
+    above = np.ones(2**16)  # alive above them (larger than any hole between them): glibc would trim a free top
+    before = resident_mib()
+    flat = FlatParameters(params, np)
+    assert resident_mib() - before < 32  # the packed copy (64 MiB) in, the 64 MiB of old arrays out
+    assert flat.size == 2**24 and above.size == 2**16
 
 
 def test_steady_state_steps_make_no_allocations_and_counters_match_tracemalloc():

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from neuroflow.memory.heap import return_freed_heap
 from neuroflow.tensor import Tensor
 
 
@@ -37,6 +40,8 @@ class FlatParameters:
             p.grad = self.grad[view].reshape(p.data.shape)
             self.slices.append(view)
             offset += size
+        if xp is np:
+            return_freed_heap()  # the parameters' own arrays, just freed (ResNet-18: 37 MiB resident otherwise)
 
     @property
     def size(self) -> int:

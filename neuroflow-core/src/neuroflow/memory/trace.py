@@ -34,7 +34,6 @@ the sum of all buffers.
 
 from __future__ import annotations
 
-import ctypes
 import math
 import mmap
 import os
@@ -42,6 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from neuroflow.memory.heap import return_freed_heap
 
 ALIGNMENT = 64  # bytes, as the planner aligns offsets
 
@@ -301,7 +302,7 @@ class TracingPool:
         self._free.clear()
         self._bases.clear()
         if self.xp is np:
-            _trim_heap()
+            return_freed_heap()
 
 
 def _reserved_bytes(xp: Any, least: int) -> Any:
@@ -317,20 +318,6 @@ def _reserved_bytes(xp: Any, least: int) -> Any:
     except (OSError, ValueError, OverflowError):
         return None
     return np.frombuffer(memory, np.uint8)
-
-
-def _trim_heap() -> None:
-    """Hand freed heap memory back to the OS (glibc's malloc_trim; nothing elsewhere).
-
-    glibc serves the traced step's smaller arrays from its heap and keeps
-    their pages after they are freed; the arena reserved next would sit on
-    top of them (ResNet-18, batch 32: steady-state RSS rise 298 -> 217 MiB).
-    """
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError, TypeError):
-        return
-    trim(0)
 
 
 def _address(array: Any) -> int:
