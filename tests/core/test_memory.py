@@ -174,6 +174,23 @@ def test_the_traced_steps_memory_is_released_before_its_optimizer_step(monkeypat
     assert reservations and alive_at_the_optimizer_step == [False]
 
 
+def test_zero_grad_leaves_the_skipped_parameters_gradients_alone():
+    from neuroflow.memory.flat import FlatParameters
+    from neuroflow.tensor import Tensor
+
+    params = [Tensor(np.ones(n, np.float32), requires_grad=True) for n in (3, 4, 5, 6)]
+    flat = FlatParameters(params, np)
+    flat.grad[:] = 7
+    flat.zero_grad({id(params[1]), id(params[2])})
+    assert [p.grad.tolist() for p in params] == [[0] * 3, [7] * 4, [7] * 5, [0] * 6]
+    flat.grad[:] = 7
+    flat.zero_grad({id(params[0])})  # another set: ranges worked out again
+    assert [p.grad.sum() for p in params] == [21, 0, 0, 0]
+    flat.grad[:] = 7
+    flat.zero_grad()
+    assert not flat.grad.any()
+
+
 def resident_mib() -> float:
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024

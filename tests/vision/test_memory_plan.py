@@ -75,3 +75,25 @@ def test_workspaces_are_planned_in_the_arena() -> None:
     assert {s.key for s in weights} == {"forward.conv.wmat", "backward.conv.wmat"}
     # transient: each lives for one call, not to the end of the step, so all convolutions share the memory
     assert all(s.end < end_of_step and s.end - s.start < 30 for s in weights)
+
+
+def test_gradients_written_whole_are_not_zeroed_and_training_is_unchanged(monkeypatch) -> None:
+    """Convolution and linear weights get their whole gradient written each step, so the Trainer stops
+    zeroing them first; training must match, bit for bit, a run that zeroes every gradient."""
+    from neuroflow.memory.flat import FlatParameters
+
+    x, y = batch((3, 16, 16), 16)
+    runs, skipped = [], []
+    zero_grad = FlatParameters.zero_grad
+    for zero_all in (False, True):
+        if zero_all:
+            monkeypatch.setattr(FlatParameters, "zero_grad", lambda self, skip=(): zero_grad(self))
+        trainer = nf.Trainer(small_resnet(), optimizer=nf.optim.SGD(lr=0.05, momentum=0.9), batch_size=8, seed=1,
+                             progress=False)
+        trainer.fit((x, y), epochs=2)
+        runs.append([p.data.copy() for p in trainer.model.parameters()])
+        skipped.append({name for name, p in trainer.model.named_parameters() if id(p) in trainer._pool.whole_gradients})
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    kernels = {name for name, p in small_resnet().named_parameters() if p.data.ndim == 4}
+    assert skipped[0] == kernels | {"fc.weight", "fc.bias"}  # BatchNorm's are added into: still zeroed

@@ -237,10 +237,20 @@ class Operator:
         otherwise a workspace whose contents must go through
         :meth:`accumulate_grad`.
         """
-        pool = self._pool
-        if pool is not None and pool.grads_zeroed and param.grad is not None:
+        if self.writes_whole_gradient(param):
             return param.grad, False
         return self.buffer(key, param.shape, param.data.dtype), True
+
+    def writes_whole_gradient(self, param: Tensor) -> bool:
+        """Whether this backward may write ``param``'s whole gradient straight into ``param.grad``,
+        overwriting it: the runtime guarantees the gradients start at zero (one micro-batch per step, no
+        layer used twice). A caller that gets True must write every element; the pool then remembers
+        ``param``, and the Trainer stops zeroing its gradient before each step (the write replaces it)."""
+        pool = self._pool
+        if pool is not None and pool.grads_zeroed and param.grad is not None:
+            pool.whole_gradients.add(id(param))
+            return True
+        return False
 
     def accumulate_grad(self, param: Tensor, value: Any) -> None:
         """Add ``value`` into ``param.grad`` (allocating it at the first backward)."""

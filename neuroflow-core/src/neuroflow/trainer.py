@@ -250,7 +250,8 @@ class Trainer(MemoryRuntime):
             self._attach(None)  # a larger batch than planned: trace and plan again
         if self.offload is not None:
             self.offload.ensure_loaded()
-        flat.zero_grad()
+        pool = self._pool
+        flat.zero_grad(pool.whole_gradients if pool is not None and pool.grads_zeroed else ())
         loss_sum = 0.0
         correct = 0
         for x, y in sorted(micro_batches, key=lambda b: -len(b[0])):

@@ -160,8 +160,7 @@ class Conv2d(ChannelsLastOperator):
             else:
                 gw = gw_param = None
                 if want_w:  # straight into weight.grad when it starts at zero, else into a workspace added to it
-                    pool = self._pool
-                    zeroed = pool is not None and pool.grads_zeroed and self.weight.grad is not None
+                    zeroed = self.writes_whole_gradient(self.weight)  # chunk 0 copies, the others add
                     target = self.weight.grad if zeroed else ws("conv.gw", self.weight.shape, x.dtype)
                     gw, gw_param = target.transpose(0, 2, 3, 1), None if zeroed else target
                 conv_gemm.backward(ws, x, g, self._wmat, gw, gx, self.geometry, self.groups, self.chunk_size(x.shape),

@@ -31,6 +31,9 @@ class BufferPool:
     grads_zeroed = False
 
     def __init__(self, allocator: Allocator, plan: Plan | None = None, strict: bool = False) -> None:
+        #: ids of the parameters whose gradient an op wrote whole into ``param.grad`` (see
+        #: ``Operator.writes_whole_gradient``): the next step need not zero them first.
+        self.whole_gradients: set[int] = set()
         self.allocator = allocator
         self.plan = plan
         self.strict = strict

@@ -144,6 +144,8 @@ class MemoryRuntime:
             self._plan = plan
             pool = BufferPool(allocator, plan, strict=capacity is not None)
         pool.grads_zeroed = tracer.grads_zeroed and tracer.reused_key is None
+        if pool.grads_zeroed:
+            pool.whole_gradients = set(tracer.whole_gradients)
         self.backend.use_allocator(allocator)
         self._planned_batch = batch
         self._attach(pool)

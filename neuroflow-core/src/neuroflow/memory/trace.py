@@ -77,6 +77,7 @@ class TracingPool:
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp
+        self.whole_gradients: set[int] = set()  # as BufferPool's, handed to the planned pool
         self.slots: list[Slot] = []
         self._by_owner_key: dict[tuple[int, str], Slot] = {}
         self._done: dict[int, int] = {}
