@@ -48,9 +48,10 @@ class Conv2d(ChannelsLastOperator):
     computation is always NHWC, so a model's first convolution with
     ``layout="NCHW", output_layout="NHWC"`` takes PyTorch-style batches and
     leaves every later layer in NHWC. ``max_workspace_bytes`` bounds the
-    im2col columns and their companions (padded input, one tap's product):
-    the batch is processed in chunks that fit (at least one sample per
-    chunk); None processes the whole batch at once. With ``keep_columns``
+    im2col columns and their companions (padded input and, for a strided
+    sweep, one tap's product): the batch is processed in the fewest chunks
+    that fit, of even size (at least one sample per chunk); None processes
+    the whole batch at once. With ``keep_columns``
     (off by default) and the whole batch in one chunk, the columns stay from
     forward to backward for a weight gradient that would rebuild them (a
     first layer's, a strided sweep's) instead of being rebuilt there. That
