@@ -5,7 +5,8 @@ conv3×3 3→32 (pad 1), ReLU, max-pool 2, conv3×3 32→64 (pad 1), ReLU, max-p
 convolution reads NCHW and writes NHWC, everything after runs in NHWC, so the linear layer's weight
 columns are in (h, w, c) order; the PyTorch copy gets them permuted to (c, h, w). The Trainer runs each
 ReLU inside the max-pool after it (``neuroflow.fusion``: relu∘max = max∘relu, a quarter of the ReLU's
-passes, no ReLU buffers); the model stays as written.
+passes, no ReLU buffers); the model stays as written. A second NeuroFlow contender trains with
+``update_in_backward=True``.
 
     .venv/bin/python benchmarks/cnn.py              # 1 and 2 threads, about a minute
     .venv/bin/python benchmarks/cnn.py --quick      # smoke test
@@ -49,8 +50,10 @@ def build_torch(state: dict[str, np.ndarray]) -> Any:
     return model
 
 
+STREAMED = "NeuroFlow, update in backward"
 CASE = convnet_bench.Case("Small CNN (2 conv + 2 max-pool + linear) train step", 64, (3, 32, 32), 10,
-                          build_neuroflow, build_torch)
+                          build_neuroflow, build_torch, variants={STREAMED: build_neuroflow},
+                          variant_options={STREAMED: {"update_in_backward": True}})
 
 if __name__ == "__main__":
     sys.exit(convnet_bench.main(CASE, __file__, threads="1,2"))

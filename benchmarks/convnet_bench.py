@@ -38,6 +38,7 @@ class Case:
     build_neuroflow: Callable[[], Any]                 # -> NeuroFlow model (seeded)
     build_torch: Callable[[dict[str, np.ndarray]], Any]  # NeuroFlow state dict -> torch.nn.Module
     variants: dict[str, Callable[[], Any]] = field(default_factory=dict)  # more NeuroFlow contenders
+    variant_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # their extra Trainer arguments
 
 
 def batch_data(case: Case) -> tuple[np.ndarray, np.ndarray]:
@@ -52,7 +53,7 @@ def neuroflow_stepper(case: Case, name: str) -> Callable[[], float]:
     nf.manual_seed(0)
     model = case.variants[name]() if name in case.variants else case.build_neuroflow()
     trainer = nf.Trainer(model, nf.losses.CrossEntropy(), nf.optim.SGD(lr=LR, momentum=MOMENTUM),
-                         batch_size=case.batch, progress=False, seed=0)
+                         batch_size=case.batch, progress=False, seed=0, **case.variant_options.get(name, {}))
     x, y = batch_data(case)
     return lambda: trainer.train_step(x, y)
 

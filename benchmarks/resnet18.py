@@ -2,7 +2,8 @@
 
 NeuroFlow: ``neuroflow_ops_vision.resnet18(num_classes=10)`` (3×3 stride-1 stem, no max-pool,
 11,173,962 parameters), NHWC inside. PyTorch: the same architecture with torchvision's module names
-(torchvision itself is not needed), loaded from NeuroFlow's state dict by name.
+(torchvision itself is not needed), loaded from NeuroFlow's state dict by name. A second NeuroFlow
+contender trains with ``update_in_backward=True`` (its kernels' updates applied inside backward).
 
     .venv/bin/python benchmarks/resnet18.py             # 2 threads, a few minutes
     .venv/bin/python benchmarks/resnet18.py --quick     # smoke test
@@ -40,7 +41,9 @@ def build_torch(state: dict[str, np.ndarray]) -> Any:
     return model
 
 
-CASE = convnet_bench.Case("ResNet-18 (CIFAR variant) train step", 32, (3, 32, 32), 10, build_neuroflow, build_torch)
+STREAMED = "NeuroFlow, update in backward"
+CASE = convnet_bench.Case("ResNet-18 (CIFAR variant) train step", 32, (3, 32, 32), 10, build_neuroflow, build_torch,
+                          variants={STREAMED: build_neuroflow}, variant_options={STREAMED: {"update_in_backward": True}})
 
 if __name__ == "__main__":
     sys.exit(convnet_bench.main(CASE, __file__, threads="2"))

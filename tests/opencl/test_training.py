@@ -62,3 +62,10 @@ def test_trainer_reports_the_allocator_it_uses(backend: Any, allocator: str) -> 
     rng = np.random.default_rng(0)
     first = trainer.train_step(rng.standard_normal((8, 4)).astype(np.float32), rng.integers(0, 2, 8))
     assert np.isfinite(first)
+
+
+def test_update_in_backward_is_refused_off_the_cpu(backend: Any) -> None:
+    from neuroflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="update_in_backward runs on the cpu backend only; this trainer is on 'opencl'"):
+        nf.Trainer(nf.Sequential(ops.Linear(4, 2)), device="opencl", update_in_backward=True)

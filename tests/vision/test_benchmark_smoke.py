@@ -21,7 +21,7 @@ def test_cnn_benchmark_quick(tmp_path: pathlib.Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     data = json.loads(report.read_text())
-    names = ["NeuroFlow"] + (["PyTorch"] if HAS_TORCH else [])
+    names = ["NeuroFlow", "NeuroFlow, update in backward"] + (["PyTorch"] if HAS_TORCH else [])
     assert data["contenders"] == names
     workers = data["results"][0]["workers"]
     first = [workers[n]["first_losses"][0] for n in names]

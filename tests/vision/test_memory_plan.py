@@ -97,3 +97,24 @@ def test_gradients_written_whole_are_not_zeroed_and_training_is_unchanged(monkey
         np.testing.assert_array_equal(a, b)
     kernels = {name for name, p in small_resnet().named_parameters() if p.data.ndim == 4}
     assert skipped[0] == kernels | {"fc.weight", "fc.bias"}  # BatchNorm's are added into: still zeroed
+
+
+def test_update_in_backward_trains_a_resnet_identically_without_its_kernels_gradients() -> None:
+    """The kernels' and the fc layer's updates are applied inside backward: the weights are those of updating
+    after it, those parameters keep no gradient (BatchNorm's do), and the step's fixed memory loses them."""
+    x, y = batch((3, 16, 16), 16)
+    runs, trainers = [], []
+    for update_in_backward in (False, True):
+        trainer = nf.Trainer(small_resnet(), optimizer=nf.optim.SGD(lr=0.05, momentum=0.9), batch_size=8, seed=1,
+                             progress=False, update_in_backward=update_in_backward)
+        trainer.fit((x, y), epochs=2)
+        runs.append([p.data.copy() for p in trainer.model.parameters()])
+        trainers.append(trainer)
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    streaming = trainers[1]
+    kept = {name for name, p in streaming.model.named_parameters() if p.grad is not None}
+    assert kept == {name for name, p in streaming.model.named_parameters() if p.data.ndim == 1} - {"fc.bias"}
+    streamed_bytes = sum(p.data.nbytes for p in streaming.model.parameters()) - sum(
+        p.data.nbytes for name, p in streaming.model.named_parameters() if name in kept)
+    assert trainers[0]._static_bytes() - streaming._static_bytes() == streamed_bytes

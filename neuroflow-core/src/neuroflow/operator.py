@@ -253,8 +253,16 @@ class Operator:
         return False
 
     def accumulate_grad(self, param: Tensor, value: Any) -> None:
-        """Add ``value`` into ``param.grad`` (allocating it at the first backward)."""
+        """Add ``value`` into ``param.grad`` (allocating it at the first backward).
+
+        Under a Trainer that updates inside backward, a parameter it keeps no
+        gradient for (``param.grad`` None) has its update applied from
+        ``value`` here instead.
+        """
         if not param.requires_grad:
+            return
+        sink = None if self._pool is None or param.grad is not None else self._pool.gradient_sink
+        if sink is not None and sink(param, value):
             return
         if param.grad is None:
             param.grad = value.copy() if value is not None else None

@@ -48,6 +48,14 @@ class Trainer(MemoryRuntime):
     apply only the largest gradient entries per layer and carries the rest to
     the next step in an exact error-feedback residual; see
     :mod:`neuroflow.memory.compression` for what it saves and costs.
+
+    ``update_in_backward=True`` (cpu backend; not with clipping, compression,
+    accumulation or offloading) applies the update of every parameter whose
+    op writes its gradient whole (convolution and linear weights) as soon as
+    backward has produced it: those gradients then live in the planned arena
+    for a moment instead of in a buffer the size of the model, and after a
+    step their ``param.grad`` is None. The first step runs as usual and
+    finds them; the second is traced again. The updates are the same values.
     """
 
     def __init__(
@@ -77,6 +85,7 @@ class Trainer(MemoryRuntime):
         gradient_compression: str | GradientCompressor | None = None,
         compression_ratio: float | None = None,
         compression_threshold: float | None = None,
+        update_in_backward: bool = False,
     ) -> None:
         if not isinstance(model, Operator):
             raise TypeError(f"Trainer needs an Operator model; got {type(model).__name__}")
@@ -144,6 +153,11 @@ class Trainer(MemoryRuntime):
             raise ConfigError(f"augment must be callable (a batch of inputs -> augmented inputs); got {augment!r}")
         self.augment = augment  # applied by fit to each training batch, never to evaluation data
         self.compressor = build_compressor(gradient_compression, compression_ratio, compression_threshold)
+        self.update_in_backward = bool(update_in_backward)
+        if self.update_in_backward:
+            self._check_update_in_backward()
+        self._streamed: dict[int, slice] | None = None  # parameter id -> its flat slice, once updates stream
+        self._step_lr = 0.0
 
     # ------------------------------------------------------------------ setup
     def _ensure_ready(self) -> None:
@@ -159,6 +173,7 @@ class Trainer(MemoryRuntime):
             self.model.to(self.backend)
             params = self.model.trainable_parameters()
         self._flat = FlatParameters(params, self.backend.xp)
+        self._streamed = None  # packed anew, every gradient kept: a first step finds the streamed ones again
         self._step_end_hook = self._hooks().neuroflow_step_end
         self.optimizer.bind(self._flat)
         if self.compressor is not None:
@@ -181,8 +196,54 @@ class Trainer(MemoryRuntime):
 
     def _attach(self, pool: Any) -> None:
         self._pool = pool
+        if pool is not None:
+            pool.gradient_sink = self._apply_streamed_update if self._streamed is not None else None
         self.model.attach_pool(pool)
         self.loss.attach_pool(pool)
+
+    # ------------------------------------------------------------------ updates inside backward
+    def _check_update_in_backward(self) -> None:
+        conflicts = [name for name, on in (
+            ("clip_grad_norm", self.clip_grad_norm is not None),
+            ("gradient_compression", self.compressor is not None),
+            ("gradient_accumulation_steps > 1", self.gradient_accumulation_steps > 1),
+            ("enable_async_unload", self.enable_async_unload),
+        ) if on]
+        if conflicts:
+            raise ConfigError(f"update_in_backward applies each update before the step's other gradients exist; "
+                              f"it cannot be combined with {', '.join(conflicts)}")
+        if self.backend.xp is not np:
+            raise ConfigError(f"update_in_backward runs on the cpu backend only; this trainer is on {self.backend.name!r}")
+
+    def _start_streaming_updates(self) -> None:
+        """After the first step: keep no gradient for the parameters whose ops write their gradient whole (a
+        convolution's or linear layer's weight), apply their updates as backward produces those gradients, and
+        trace the next step again, so that the plan holds each of them for the moment it lives."""
+        pool, flat = self._pool, self._flat
+        if pool is None or flat is None or not pool.grads_zeroed:
+            raise ConfigError("update_in_backward needs each gradient written once per step: one micro-batch, "
+                              "and no layer used twice in the model")
+        streamed = {id(p): view for p, view in zip(flat.params, flat.slices) if id(p) in pool.whole_gradients}
+        flat.drop_gradients(streamed)
+        self._streamed = streamed
+        self._attach(None)
+
+    def _apply_streamed_update(self, param: Any, gradient: Any) -> bool:
+        """The pool's gradient sink: apply this step's update to a streamed parameter; False for the others."""
+        view = self._streamed.get(id(param)) if self._streamed is not None else None
+        if view is None:
+            return False
+        self.optimizer.update_slice(view, gradient, self._step_lr)
+        return True
+
+    def _update_kept_gradients(self) -> None:
+        """After backward, the update of every parameter whose gradient was kept (BatchNorm's, biases added into)."""
+        flat = self._flat
+        if flat is None or self._streamed is None:  # pragma: no cover - only called while streaming
+            return
+        for p, view in zip(flat.params, flat.slices):
+            if id(p) not in self._streamed and p.grad is not None:
+                self.optimizer.update_slice(view, p.grad, self._step_lr)
 
     def _skip_unused_input_gradient(self) -> None:
         """The model's input needs no gradient: let the first layer skip computing it."""
@@ -251,7 +312,11 @@ class Trainer(MemoryRuntime):
         if self.offload is not None:
             self.offload.ensure_loaded()
         pool = self._pool
-        flat.zero_grad(pool.whole_gradients if pool is not None and pool.grads_zeroed else ())
+        streaming = self._streamed is not None
+        flat.zero_grad(pool.whole_gradients if pool is not None and pool.grads_zeroed and not streaming else ())
+        lr = self.scheduler.lr(self.step) if self.scheduler is not None else None
+        if streaming:
+            self._step_lr = self.optimizer.begin_step(lr)
         loss_sum = 0.0
         correct = 0
         for x, y in sorted(micro_batches, key=lambda b: -len(b[0])):
@@ -282,14 +347,18 @@ class Trainer(MemoryRuntime):
                 # through the optimizer step, whose first call allocates the optimizer's state.
                 xd = yd = out = g = gx = logits = None
             loss_sum += value * len(x)
-        if self.compressor is not None:
-            self.compressor.compress(flat.grad)  # the optimizer (and clipping) see only what is sent
-        if self.clip_grad_norm is not None:
-            from neuroflow.optim.clip import clip_grad_norm
+        if streaming:
+            self._update_kept_gradients()
+        else:
+            if self.compressor is not None:
+                self.compressor.compress(flat.grad)  # the optimizer (and clipping) see only what is sent
+            if self.clip_grad_norm is not None:
+                from neuroflow.optim.clip import clip_grad_norm
 
-            self.last_grad_norm = clip_grad_norm(flat.grad, self.clip_grad_norm)
-        lr = self.scheduler.lr(self.step) if self.scheduler is not None else None
-        self.optimizer.step(lr)
+                self.last_grad_norm = clip_grad_norm(flat.grad, self.clip_grad_norm)
+            self.optimizer.step(lr)
+            if self.update_in_backward:
+                self._start_streaming_updates()
         if self.offload is not None:
             self.offload.after_step()
         self.step += 1

@@ -30,10 +30,12 @@ TRAINER_KEYS: dict[str, type] = {
     "gradient_compression": str,
     "compression_ratio": float,
     "compression_threshold": float,
+    "update_in_backward": bool,
 }
 #: Keys the memory runtime adds to the Trainer; passed on only when the Trainer accepts them.
 MEMORY_RUNTIME_KEYS = frozenset({"enable_async_unload", "memory_pool_size_mb", "memory_budget_mb",
-                                 "gradient_compression", "compression_ratio", "compression_threshold"})
+                                 "gradient_compression", "compression_ratio", "compression_threshold",
+                                 "update_in_backward"})
 TABLES = ("model", "data", "loss", "optimizer", "scheduler", "lora", "output")
 MODEL_KEYS: dict[str, type] = {"name": str, "layers": list, "from": str, "input_shape": list}
 DATA_KEYS: dict[str, type] = {"dataset": str, "flat": bool, "normalize": bool, "path": str, "train": str, "test": str,

@@ -29,6 +29,9 @@ class BufferPool:
     #: True while every parameter gradient is known to be zero when a backward starts (no accumulation):
     #: ops may then write weight gradients straight into ``param.grad`` instead of adding a workspace.
     grads_zeroed = False
+    #: Set by a Trainer that updates inside backward: ``sink(param, gradient)`` applies ``param``'s update and
+    #: returns True when it takes that parameter's gradients (see ``Operator.accumulate_grad``).
+    gradient_sink: Any = None
 
     def __init__(self, allocator: Allocator, plan: Plan | None = None, strict: bool = False) -> None:
         #: ids of the parameters whose gradient an op wrote whole into ``param.grad`` (see

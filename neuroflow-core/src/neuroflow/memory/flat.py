@@ -28,6 +28,7 @@ class FlatParameters:
         self.params = params
         self.sizes = [int(p.data.size) for p in params]
         total = sum(self.sizes)
+        self.xp = xp
         self.data = xp.empty(total, dtype=dtype)
         self.grad = xp.zeros(total, dtype=dtype)
         offset = 0
@@ -53,7 +54,7 @@ class FlatParameters:
     def zero_grad(self, skip: Collection[int] = ()) -> None:
         """Zero the gradients, except those of the parameters whose ids are in ``skip`` (each step writes
         them whole: a ResNet's convolution weights, nearly all of its 42.6 MiB)."""
-        if not skip:
+        if not skip or self.grad.shape != self.data.shape:  # after drop_gradients, skip no longer applies
             self.grad.fill(0)
             return
         key = frozenset(skip)
@@ -73,6 +74,24 @@ class FlatParameters:
             else:
                 ranges.append((view.start, view.stop))
         return ranges
+
+    def drop_gradients(self, dropped: Collection[int]) -> None:
+        """Keep no gradient for the parameters whose ids are in ``dropped`` (their ``grad`` becomes None): the
+        gradient buffer shrinks to the others, packed in the same order. For a Trainer that applies their
+        updates inside backward, from gradients that live only there."""
+        kept = [(p, view) for p, view in zip(self.params, self.slices) if id(p) not in dropped]
+        grad = self.xp.zeros(sum(view.stop - view.start for _, view in kept), dtype=self.data.dtype)
+        offset = 0
+        for p, view in kept:
+            size = view.stop - view.start
+            grad[offset:offset + size] = self.grad[view]
+            p.grad = grad[offset:offset + size].reshape(p.data.shape)
+            offset += size
+        for p in self.params:
+            if id(p) in dropped:
+                p.grad = None
+        self.grad = grad
+        self._zeroed_for, self._zero_ranges = frozenset(), []
 
     def owns(self, params: list[Tensor]) -> bool:
         """Whether ``params`` are still the views this object created (no one rebound them)."""

@@ -55,7 +55,8 @@ class MemoryRuntime:
         params = sum(p.nbytes for p in self.model.parameters() if not p.requires_grad)
         # the compressor's residual, like optimizer state, lives as long as training does
         residual = flat.size * itemsize if self.compressor is not None else 0
-        return 2 * flat.size * itemsize + params + self.optimizer.state_nbytes(flat.size, itemsize) + residual
+        gradients = int(flat.grad.size) * itemsize  # smaller once updates run inside backward
+        return flat.size * itemsize + gradients + params + self.optimizer.state_nbytes(flat.size, itemsize) + residual
 
     def fit_to_budget(self, sample_shape: tuple[int, ...]) -> Any:
         """Choose batch × accumulation so a step fits ``memory_budget_mb``; says what it chose.

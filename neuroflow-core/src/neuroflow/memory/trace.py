@@ -74,6 +74,7 @@ class TracingPool:
 
     tracing = True
     grads_zeroed = False
+    gradient_sink: Any = None  # as BufferPool's
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp

@@ -60,6 +60,10 @@ class Linear(Operator):
         g2 = grad_out.reshape(-1, self.out_features)
         if g2.shape[0] != x2.shape[0]:
             raise ShapeError(f"{self!r}.backward got gradient of shape {grad_out.shape}; forward batch was {x2.shape[0]}")
+        gx = None
+        if self.needs_input_grad:  # before the weight gradient: a Trainer may apply the update as it arrives
+            gx = self.buffer("gx", x2.shape, x2.dtype)
+            xp.matmul(g2, self.weight.data, out=gx)
         both = self.weight.requires_grad and self.has_bias and self.bias.requires_grad
         fused = self.fused("linear_weight_grad", g2) if both else None
         if fused is not None:
@@ -71,10 +75,8 @@ class Linear(Operator):
                 self.accumulate_grad(self.bias, gb)
         else:
             self._weight_and_bias_grads(xp, g2, x2)
-        if not self.needs_input_grad:
+        if gx is None:
             return None
-        gx = self.buffer("gx", x2.shape, x2.dtype)
-        xp.matmul(g2, self.weight.data, out=gx)
         return gx.reshape(*grad_out.shape[:-1], self.in_features)
 
     def _weight_and_bias_grads(self, xp: Any, g2: Any, x2: Any) -> None:

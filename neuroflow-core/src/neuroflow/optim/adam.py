@@ -40,14 +40,14 @@ class Adam(Optimizer):
     def state_names(self) -> tuple[str, ...]:
         return ("exp_avg", "exp_avg_sq")
 
-    def _update(self, data: Any, grad: Any, lr: float) -> None:
+    def _update(self, data: Any, grad: Any, lr: float, state: dict[str, Any]) -> None:
         fused = self.fused("adam_update")
         if fused is not None:
-            fused(data, grad, self.state["exp_avg"], self.state["exp_avg_sq"], lr=lr, beta1=self.betas[0],
+            fused(data, grad, state["exp_avg"], state["exp_avg_sq"], lr=lr, beta1=self.betas[0],
                   beta2=self.betas[1], eps=self.eps, weight_decay=self.weight_decay,
                   decoupled=self.decoupled_weight_decay, step=self.step_count)
             return
-        m, v = self.state["exp_avg"], self.state["exp_avg_sq"]
+        m, v = state["exp_avg"], state["exp_avg_sq"]
         for data_c, grad_c, m_c, v_c, scratch in self._chunks(data, grad, m, v):
             self._update_chunk(data_c, grad_c, m_c, v_c, scratch, lr)
 

@@ -131,15 +131,28 @@ class Optimizer:
     def step(self, lr: float | None = None) -> None:
         """Update ``flat.data`` in place from ``flat.grad``; ``lr`` (a scheduler's value) overrides ``self.lr``."""
         flat = self.flat
+        lr = self.begin_step(lr)
+        self._update(flat.data, flat.grad, lr, self.state)
+
+    def begin_step(self, lr: float | None = None) -> float:
+        """Count a step whose updates then come parameter by parameter through :meth:`update_slice`; returns
+        the learning rate to pass them (``lr``, a scheduler's value, or ``self.lr``), checked."""
         # A Python float keeps numpy from promoting float32 buffers (and allocating cast buffers).
         lr = self.lr if lr is None else float(lr)
         if not (math.isfinite(lr) and lr >= 0.0):
             raise ValueError(f"{type(self).__name__}.step: lr must be a finite number >= 0; got {lr!r}")
         self.step_count += 1
-        self._update(flat.data, flat.grad, lr)
+        return lr
 
-    def _update(self, data: Any, grad: Any, lr: float) -> None:
-        """Apply step number ``self.step_count`` (1-based) to ``data`` in place, allocating nothing."""
+    def update_slice(self, view: slice, grad: Any, lr: float) -> None:
+        """Apply the step :meth:`begin_step` counted to ``flat.data[view]``, one parameter's elements, from
+        ``grad`` (its gradient, any shape of that size): the same values as :meth:`step` gives them."""
+        state = {name: array[view] for name, array in self.state.items()}
+        self._update(self.flat.data[view], grad.reshape(-1), lr, state)
+
+    def _update(self, data: Any, grad: Any, lr: float, state: dict[str, Any]) -> None:
+        """Apply step number ``self.step_count`` (1-based) to ``data`` in place, with the matching elements of
+        the state arrays in ``state``, allocating nothing."""
         raise NotImplementedError(f"{type(self).__name__} does not implement _update")
 
     def _chunks(self, *arrays: Any) -> Any:

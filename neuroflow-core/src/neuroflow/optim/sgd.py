@@ -45,14 +45,14 @@ class SGD(Optimizer):
     def state_names(self) -> tuple[str, ...]:
         return ("momentum_buffer",) if self.momentum else ()
 
-    def _update(self, data: Any, grad: Any, lr: float) -> None:
+    def _update(self, data: Any, grad: Any, lr: float, state: dict[str, Any]) -> None:
         fused = self.fused("sgd_update")
         if fused is not None:
-            fused(data, grad, self.state.get("momentum_buffer"), lr=lr, momentum=self.momentum,
+            fused(data, grad, state.get("momentum_buffer"), lr=lr, momentum=self.momentum,
                   dampening=self.dampening, nesterov=self.nesterov, weight_decay=self.weight_decay,
                   first=self.step_count == 1)
             return
-        buf = self.state.get("momentum_buffer")
+        buf = state.get("momentum_buffer")
         if buf is None:
             for data_c, grad_c, scratch in self._chunks(data, grad):
                 self._update_chunk(data_c, grad_c, None, scratch, lr)
