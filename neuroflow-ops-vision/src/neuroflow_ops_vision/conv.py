@@ -159,13 +159,20 @@ class Conv2d(ChannelsLastOperator):
                 conv_depthwise.backward(ws, x, g, self._w4(), gw, gx, self.geometry)
                 gw_param = None if gw is None else gw.reshape(self.weight.shape)
             else:
-                gw = gw_param = None
-                if want_w:  # straight into weight.grad when it starts at zero, else into a workspace added to it
-                    zeroed = self.writes_whole_gradient(self.weight)  # chunk 0 copies, the others add
-                    target = self.weight.grad if zeroed else ws("conv.gw", self.weight.shape, x.dtype)
-                    gw, gw_param = target.transpose(0, 2, 3, 1), None if zeroed else target
-                conv_gemm.backward(ws, x, g, self._wmat, gw, gx, self.geometry, self.groups, self.chunk_size(x.shape),
-                                   self._cols, self.grad_chunk_size(x.shape),
+                gw_param = None
+                # straight into weight.grad when it starts at zero (chunk 0 copies, the others add), else into a
+                # workspace added to it, taken only when backward needs it
+                zeroed = want_w and self.writes_whole_gradient(self.weight)
+
+                def weight_gradient() -> Any:
+                    nonlocal gw_param
+                    if zeroed:
+                        return self.weight.grad.transpose(0, 2, 3, 1)
+                    gw_param = ws("conv.gw", self.weight.shape, x.dtype)
+                    return gw_param.transpose(0, 2, 3, 1)
+
+                conv_gemm.backward(ws, x, g, self._wmat, weight_gradient if want_w else None, gx, self.geometry,
+                                   self.groups, self.chunk_size(x.shape), self._cols, self.grad_chunk_size(x.shape),
                                    lambda ws: conv_gemm.flip(ws, self.weight.data, self.groups))
             if gw_param is not None:
                 self.accumulate_grad(self.weight, gw_param)

@@ -72,13 +72,17 @@ def forward(ws: Workspace, x: Any, wmat: Any, y: Any, geo: Geometry, groups: int
     return cols if keep is not None else None
 
 
-def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspace], Any], gw: Any | None,
-             gx: Any | None, geo: Geometry, groups: int, chunk: int, kept: Any,
-             grad_chunk: int, flipped_weight: Callable[[Workspace], Any]) -> None:
-    """Write the weight gradient into ``gw`` (O, kh, kw, C/G) and the input gradient into ``gx``; None skips either.
+def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspace], Any],
+             weight_gradient: Callable[[], Any] | None, gx: Any | None, geo: Geometry, groups: int, chunk: int,
+             kept: Any, grad_chunk: int, flipped_weight: Callable[[Workspace], Any]) -> None:
+    """Write the weight gradient into ``weight_gradient()`` (O, kh, kw, C/G) and the input gradient into
+    ``gx``; None skips either.
 
-    ``gw`` may be strided (the parameter's gradient, transposed): each chunk's
-    GEMM goes into one contiguous workspace and is copied or added from there.
+    The weight gradient's array is asked for once, as late as it can be: a
+    workspace the caller takes then can share memory with the columns
+    already retired. It may be strided (the parameter's gradient,
+    transposed): each chunk's GEMM goes into one contiguous workspace and is
+    copied or added from there.
     A stride-1 sweep with an input gradient takes both from the output
     gradient's columns (:func:`takes_gradient_columns`), in batch chunks of
     ``grad_chunk``, with the kernel ``flipped_weight(ws)`` gives (see
@@ -95,9 +99,10 @@ def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspac
     og = o // groups
     sweep = transposed(geo) if gx is not None and takes_gradient_columns(geo) else None
     if sweep is not None:
-        _from_gradient_columns(ws, x, grad, gw, gx, sweep, groups, grad_chunk, flipped_weight)
+        _from_gradient_columns(ws, x, grad, weight_gradient, gx, sweep, groups, grad_chunk, flipped_weight)
         return
-    if gw is not None:
+    if weight_gradient is not None:
+        gw = weight_gradient()
         with Workspace(ws.op, f"{ws.phase}.weight") as wws:
             for k, n0 in enumerate(range(0, n, chunk)):
                 gs = grad[n0:n0 + chunk].reshape(-1, o)
@@ -116,8 +121,8 @@ def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspac
             input_grad(ws, grad[n0:n0 + chunk].reshape(-1, o), wmat, gx[n0:n0 + chunk], geo, groups, out_hw)
 
 
-def _from_gradient_columns(ws: Workspace, x: Any, grad: Any, gw: Any | None, gx: Any, sweep: Geometry, groups: int,
-                           step: int, flipped_weight: Callable[[Workspace], Any]) -> None:
+def _from_gradient_columns(ws: Workspace, x: Any, grad: Any, weight_gradient: Callable[[], Any] | None, gx: Any,
+                           sweep: Geometry, groups: int, step: int, flipped_weight: Callable[[Workspace], Any]) -> None:
     """Both gradients of a stride-1 sweep from one set of columns, those of the output gradient.
 
     With ``cols`` the columns of the gradient under ``sweep`` (see :func:`transposed`; rows: input
@@ -129,25 +134,32 @@ def _from_gradient_columns(ws: Workspace, x: Any, grad: Any, gw: Any | None, gx:
     chunk) or added into ``gw`` (O, kh, kw, C/G); the next chunk flips the
     kernel again. So the two gradients need no more weight-sized memory than
     the input gradient alone (ResNet-18's last stage: 9 MiB less at the step's peak).
-    Without a weight gradient the kernel is flipped once.
+    Without a weight gradient the kernel is flipped once. Each chunk's
+    columns are retired before its weight gradient is copied out, and the
+    array it goes to is asked for then: with one chunk (ResNet-18's last
+    stage) a workspace for it shares the columns' memory.
     """
     xp = ws.xp
     n, c = x.shape[0], x.shape[3]
     cg = c // groups
     kh, kw = sweep.kernel
-    og = gw.shape[0] // groups if gw is not None else 0
-    flipped = None
+    flipped = gw = None
     for n0 in range(0, n, step):
-        if flipped is None or gw is not None:  # the previous chunk's weight gradient overwrote it
+        if flipped is None or weight_gradient is not None:  # the previous chunk's weight gradient overwrote it
             flipped = flipped_weight(ws)
-        cols = columns(ws, grad[n0:n0 + step], sweep, gx.shape[1:3], groups)
-        gx2 = gx[n0:n0 + step].reshape(-1, c)
-        x2 = x[n0:n0 + step].reshape(-1, c)
+        with Workspace(ws.op, f"{ws.phase}.chunk") as cws:
+            cols = columns(cws, grad[n0:n0 + step], sweep, gx.shape[1:3], groups)
+            gx2 = gx[n0:n0 + step].reshape(-1, c)
+            x2 = x[n0:n0 + step].reshape(-1, c)
+            for g in range(groups):
+                xp.matmul(cols[:, g], flipped[g], out=gx2[:, g * cg:(g + 1) * cg])
+                if weight_gradient is not None:  # this group's kernel is done: its weight gradient goes over it
+                    xp.matmul(cols[:, g].T, x2[:, g * cg:(g + 1) * cg], out=flipped[g])
+        if weight_gradient is None:
+            continue
+        gw = weight_gradient() if gw is None else gw
+        og = gw.shape[0] // groups
         for g in range(groups):
-            xp.matmul(cols[:, g], flipped[g], out=gx2[:, g * cg:(g + 1) * cg])
-            if gw is None:
-                continue
-            xp.matmul(cols[:, g].T, x2[:, g * cg:(g + 1) * cg], out=flipped[g])  # this group's kernel is done
             taps = flipped[g].reshape(kh, kw, og, cg)[::-1, ::-1].transpose(2, 0, 1, 3)  # the forward kernel's taps
             if n0 == 0:
                 xp.copyto(gw[g * og:(g + 1) * og], taps)
