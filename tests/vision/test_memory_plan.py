@@ -133,3 +133,22 @@ def test_update_in_backward_adds_nothing_to_resnet18s_arena() -> None:
             trainer.train_step(x, y)
         arenas.append(trainer._plan.arena_bytes)
     assert arenas[1] <= arenas[0]
+
+
+def test_a_batch_in_uneven_chunks_keeps_its_plan() -> None:
+    """Chunks of 2 + 2 + 1 samples: each call asks for its columns once, the last chunk taking a leading part,
+    so the tracer sees one shape per buffer and the step is planned (one shape twice would abandon the plan)."""
+    from neuroflow import ops
+
+    nf.manual_seed(0)
+    second = ops.Conv2d(8, 8, 3, padding=1, layout="NHWC")
+    per_sample = second.workspace_bytes_per_sample((8, 8))
+    gradient_per_sample = (10 * 10 * 8 + 8 * 8 * 9 * 8) * 4  # the padded output gradient and its columns
+    second.max_workspace_bytes = 2 * max(per_sample, gradient_per_sample)
+    model = nf.Sequential(ops.Conv2d(3, 8, 3, padding=1, output_layout="NHWC"), ops.ReLU(), second, ops.ReLU(),
+                          ops.GlobalAvgPool2d(layout="NHWC"), ops.Linear(8, 3))
+    assert second.chunk_size((5, 8, 8, 8)) == second.grad_chunk_size((5, 8, 8, 8)) == 2
+    trainer = nf.Trainer(model, optimizer=nf.optim.SGD(lr=0.1), batch_size=5, progress=False)
+    rng = np.random.default_rng(0)
+    trainer.train_step(rng.standard_normal((5, 3, 8, 8)).astype(np.float32), rng.integers(0, 3, 5))
+    assert trainer._plan is not None and trainer._pool.grads_zeroed

@@ -134,37 +134,46 @@ def _from_gradient_columns(ws: Workspace, x: Any, grad: Any, weight_gradient: Ca
     chunk) or added into ``gw`` (O, kh, kw, C/G); the next chunk flips the
     kernel again. So the two gradients need no more weight-sized memory than
     the input gradient alone (ResNet-18's last stage: 9 MiB less at the step's peak).
-    Without a weight gradient the kernel is flipped once. Each chunk's
-    columns are retired before its weight gradient is copied out, and the
-    array it goes to is asked for then: with one chunk (ResNet-18's last
-    stage) a workspace for it shares the columns' memory.
+    Without a weight gradient the kernel is flipped once. The array the
+    weight gradient goes to is asked for after the first chunk; when that
+    chunk is the only one (ResNet-18's last stage), its columns are retired
+    first, so a workspace for the array can share their memory.
     """
     xp = ws.xp
     n, c = x.shape[0], x.shape[3]
     cg = c // groups
     kh, kw = sweep.kernel
     flipped = gw = None
-    for n0 in range(0, n, step):
-        if flipped is None or weight_gradient is not None:  # the previous chunk's weight gradient overwrote it
-            flipped = flipped_weight(ws)
-        with Workspace(ws.op, f"{ws.phase}.chunk") as cws:
-            cols = columns(cws, grad[n0:n0 + step], sweep, gx.shape[1:3], groups)
+    with Workspace(ws.op, f"{ws.phase}.chunk") as chunk_ws:  # one scope for every chunk: one buffer per role
+        for n0 in range(0, n, step):
+            if flipped is None or weight_gradient is not None:  # the previous chunk's weight gradient overwrote it
+                flipped = flipped_weight(ws)
+            cols = columns(chunk_ws, grad[n0:n0 + step], sweep, gx.shape[1:3], groups)
             gx2 = gx[n0:n0 + step].reshape(-1, c)
             x2 = x[n0:n0 + step].reshape(-1, c)
             for g in range(groups):
                 xp.matmul(cols[:, g], flipped[g], out=gx2[:, g * cg:(g + 1) * cg])
                 if weight_gradient is not None:  # this group's kernel is done: its weight gradient goes over it
                     xp.matmul(cols[:, g].T, x2[:, g * cg:(g + 1) * cg], out=flipped[g])
-        if weight_gradient is None:
-            continue
-        gw = weight_gradient() if gw is None else gw
-        og = gw.shape[0] // groups
-        for g in range(groups):
-            taps = flipped[g].reshape(kh, kw, og, cg)[::-1, ::-1].transpose(2, 0, 1, 3)  # the forward kernel's taps
-            if n0 == 0:
-                xp.copyto(gw[g * og:(g + 1) * og], taps)
-            else:
-                gw[g * og:(g + 1) * og] += taps
+            if weight_gradient is None:
+                continue
+            if gw is None:
+                if n0 + step >= n:
+                    chunk_ws.retire()
+                gw = weight_gradient()
+            _add_flipped_taps(xp, flipped, gw, groups, (kh, kw), first=n0 == 0)
+
+
+def _add_flipped_taps(xp: Any, flipped: Any, gw: Any, groups: int, kernel: tuple[int, int], first: bool) -> None:
+    """Copy (``first``) or add the weight gradient held over the flipped kernel into ``gw`` (O, kh, kw, C/G)."""
+    kh, kw = kernel
+    og, cg = gw.shape[0] // groups, flipped.shape[2]
+    for g in range(groups):
+        taps = flipped[g].reshape(kh, kw, og, cg)[::-1, ::-1].transpose(2, 0, 1, 3)  # the forward kernel's taps
+        if first:
+            xp.copyto(gw[g * og:(g + 1) * og], taps)
+        else:
+            gw[g * og:(g + 1) * og] += taps
 
 
 def takes_gradient_columns(geo: Geometry) -> bool:

@@ -82,6 +82,10 @@ class Workspace:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        self.retire()
+
+    def retire(self) -> None:
+        """End the arrays taken so far (their memory may serve later requests); the ``with`` block's end does."""
         if self._pool is not None:
             for array in self._held.values():
                 self._pool.retire(array)
