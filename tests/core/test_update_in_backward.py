@@ -105,3 +105,18 @@ def test_a_model_whose_gradients_are_not_written_once_is_refused_after_the_first
     x, y = blobs()
     with pytest.raises(ConfigError, match="one micro-batch, and no layer used twice"):
         trainer.train_step(x[:16], y[:16])
+
+
+def test_a_non_finite_loss_counts_no_step_and_changes_no_weight() -> None:
+    from neuroflow.errors import NonFiniteLossError
+
+    trainer, _, _ = train(True, OPTIMIZERS["adam"])
+    counted = trainer.optimizer.step_count
+    x, y = blobs()
+    x[0, 0] = np.nan
+    before = [p.data.copy() for p in trainer.model.parameters()]
+    with pytest.raises(NonFiniteLossError):
+        trainer.train_step(x[:16], y[:16])
+    assert trainer.optimizer.step_count == counted  # Adam's bias correction is not thrown off by one
+    for a, p in zip(before, trainer.model.parameters()):
+        np.testing.assert_array_equal(a, p.data)

@@ -315,8 +315,6 @@ class Trainer(MemoryRuntime):
         streaming = self._streamed is not None
         flat.zero_grad(pool.whole_gradients if pool is not None and pool.grads_zeroed and not streaming else ())
         lr = self.scheduler.lr(self.step) if self.scheduler is not None else None
-        if streaming:
-            self._step_lr = self.optimizer.begin_step(lr)
         loss_sum = 0.0
         correct = 0
         for x, y in sorted(micro_batches, key=lambda b: -len(b[0])):
@@ -336,6 +334,8 @@ class Trainer(MemoryRuntime):
                 raise NonFiniteLossError(self.step + 1, value, self._first_nonfinite_layer(xd))
             if logits is not None:
                 correct += int((logits().argmax(axis=1) == y).sum())
+            if streaming:  # one micro-batch: the step is counted once its loss is known to be finite
+                self._step_lr = self.optimizer.begin_step(lr)
             g = loss_fn.backward(scale=len(x) / total)
             gx = model.backward(g)
             if tracer is not None:
