@@ -248,7 +248,9 @@ class Operator:
         ``param``, and the Trainer stops zeroing its gradient before each step (the write replaces it)."""
         pool = self._pool
         if pool is not None and pool.grads_zeroed and param.grad is not None:
-            pool.whole_gradients.add(id(param))
+            whole = getattr(pool, "whole_gradients", None)  # a pool of another kind may not track them
+            if whole is not None:
+                whole.add(id(param))
             return True
         return False
 
@@ -261,7 +263,8 @@ class Operator:
         """
         if not param.requires_grad:
             return
-        sink = None if self._pool is None or param.grad is not None else self._pool.gradient_sink
+        # a pool of another kind (a test's recorder, a plugin's) may have no sink
+        sink = None if self._pool is None or param.grad is not None else getattr(self._pool, "gradient_sink", None)
         if sink is not None and sink(param, value):
             return
         if param.grad is None:
