@@ -119,7 +119,56 @@ def test_trainer_skips_the_first_layers_input_gradient(rng: np.random.Generator)
 
 
 def test_resnet_get_config_rebuilds_it() -> None:
-    model = resnet18(num_classes=7, small_input=False, input_layout="NHWC")
+    model = resnet18(num_classes=7, small_input=False, input_layout="NHWC", recompute_block_outputs=False)
     rebuilt = ResNet(**model.get_config())
+    assert rebuilt.recompute_block_outputs is False
     assert [(n, p.shape) for n, p in rebuilt.named_parameters()] == [(n, p.shape) for n, p in model.named_parameters()]
     assert rebuilt.output_shape((1, 32, 32, 3)) == (1, 7)
+
+
+@pytest.mark.parametrize("small_input", [True, False])
+def test_recomputed_block_outputs_give_the_same_gradients_bit_for_bit(small_input: bool, rng: np.random.Generator) -> None:
+    """Backward rebuilds each block's input from the maps BatchNorm keeps; with the kept outputs overwritten
+    after forward (as a planned step reuses their memory), the gradients must still be exactly those of a
+    model that kept them. The ImageNet stem's max-pool output is kept, the CIFAR stem's BatchNorm output not."""
+    x = rng.standard_normal((4, 3, 32, 32))
+    grads = {}
+    for recompute in (False, True):
+        nf.manual_seed(3)
+        model = resnet18(num_classes=5, small_input=small_input, recompute_block_outputs=recompute, dtype=np.float64)
+        y = model.forward(x)
+        if recompute:  # what a planned step's later buffers would do to memory the plan reuses
+            for block in (b for stage in (model.layer1, model.layer2, model.layer3) for b in stage):
+                block._out[...] = np.nan
+            if small_input:
+                model.bn1._y[...] = np.nan
+        model.backward(np.cos(np.arange(y.size).reshape(y.shape)))
+        grads[recompute] = {name: p.grad.copy() for name, p in model.named_parameters()}
+    for name, grad in grads[False].items():
+        np.testing.assert_array_equal(grads[True][name], grad, err_msg=name)
+
+
+def test_recompute_output_is_the_forward_output_bit_for_bit(rng: np.random.Generator) -> None:
+    for block in (BasicBlock(4, 4), BasicBlock(4, 6, stride=2)):
+        x = rng.standard_normal((2, 6, 6, 4)).astype(np.float32)
+        out = block.forward(x).copy()
+        np.testing.assert_array_equal(block.recompute_output(x), out)
+
+
+def test_recompute_output_errors() -> None:
+    block = BasicBlock(4, 4)
+    with pytest.raises(RuntimeError, match="before forward"):
+        block.recompute_output(None)
+    block.forward(np.ones((2, 5, 5, 4), np.float32))
+    with pytest.raises(ValueError, match="identity shortcut needs the block's input"):
+        block.recompute_output(None)
+
+
+def test_a_block_may_overwrite_its_output_gradient(rng: np.random.Generator) -> None:
+    block = BasicBlock(4, 6, stride=2)
+    x = rng.standard_normal((2, 6, 6, 4)).astype(np.float32)
+    grad = rng.standard_normal(block.forward(x).shape).astype(np.float32)
+    expected = block.backward(grad.copy())
+    scratch = grad.copy()
+    np.testing.assert_array_equal(block.backward(scratch, overwrite_grad_out=True), expected)
+    np.testing.assert_array_equal(scratch, grad * (block._out > 0))  # the ReLU's masked gradient went there
