@@ -254,31 +254,13 @@ class ResNet(Sequential):
         pool = self._pool
         tracing = pool is not None and pool.tracing
         chain = self._chain()
-        recomputed: dict[int, Any] = {}
-
-        def output_of(index: int) -> Any:
-            """The output of ``chain[index]`` (a block, or the stem's BatchNorm), recomputed once."""
-            if index not in recomputed:
-                producer = chain[index]
-                if isinstance(producer, BasicBlock):
-                    x = None if producer.has_downsample else input_of(index)
-                    recomputed[index] = producer.recompute_output(x)
-                else:
-                    bn = cast(BatchNorm2d, producer)
-                    recomputed[index] = bn.recompute(bn.buffer("recomputed.y", bn._x.shape, bn._x.dtype))
-            return recomputed[index]
-
-        def input_of(index: int) -> Any:
-            """The input of the block ``chain[index]``: recomputed, or kept (an ImageNet stem's max-pool output)."""
-            block = cast(BasicBlock, chain[index])
-            return output_of(index - 1) if _recomputable(chain[index - 1], block) else block.conv1._x
-
+        recomputed: dict[int, Any] = {}  # by chain index; plain locals, no closures: nothing outlives the call
         g = grad_out
         for index in reversed(range(len(chain))):
             layer = chain[index]
             if isinstance(layer, BasicBlock):
                 if _recomputable(chain[index - 1], layer):
-                    layer.read_input_from(input_of(index))
+                    layer.read_input_from(self._input_of(chain, index, recomputed))
                 # nothing here reads a gradient after the layer it was handed to: a block may overwrite it
                 produced = layer.backward(g, overwrite_grad_out=True)
             else:
@@ -289,6 +271,25 @@ class ResNet(Sequential):
             if g is None:  # the first layer skipped its input gradient
                 break
         return g
+
+    def _output_of(self, chain: list[Operator], index: int, recomputed: dict[int, Any]) -> Any:
+        """The output of ``chain[index]`` (a block, or the stem's BatchNorm), recomputed once per backward."""
+        if index not in recomputed:
+            producer = chain[index]
+            if isinstance(producer, BasicBlock):
+                x = None if producer.has_downsample else self._input_of(chain, index, recomputed)
+                recomputed[index] = producer.recompute_output(x)
+            else:
+                bn = cast(BatchNorm2d, producer)
+                recomputed[index] = bn.recompute(bn.buffer("recomputed.y", bn._x.shape, bn._x.dtype))
+        return recomputed[index]
+
+    def _input_of(self, chain: list[Operator], index: int, recomputed: dict[int, Any]) -> Any:
+        """The input of the block ``chain[index]``: recomputed, or kept (an ImageNet stem's max-pool output)."""
+        block = cast(BasicBlock, chain[index])
+        if _recomputable(chain[index - 1], block):
+            return self._output_of(chain, index - 1, recomputed)
+        return block.conv1._x
 
     def get_config(self) -> dict[str, Any]:
         return {"layers": self.block_counts, "num_classes": self.num_classes, "small_input": self.small_input,
