@@ -94,13 +94,18 @@ class BasicBlock(Operator):
             raise RuntimeError(f"{self!r}.backward called before forward")
         check_grad(self, grad_out, out.shape)
         xp = self.xp
+        pool = self._pool
+        tracing = pool is not None and pool.tracing
         with Workspace(self, "backward") as ws:
-            mask = ws("block.mask", out.shape, bool)
-            xp.greater(out, 0, out=mask)
-            g = xp.multiply(grad_out, mask, out=grad_out if overwrite_grad_out else ws("block.g", out.shape, out.dtype))
-            pool = self._pool
-            tracing = pool is not None and pool.tracing
-            if tracing:  # both branches read it: the first one's handoff must not end it
+            g = grad_out if overwrite_grad_out else ws("block.g", out.shape, out.dtype)
+            with Workspace(self, "backward.relu") as relu_ws:
+                mask = relu_ws("block.mask", out.shape, bool)
+                xp.greater(out, 0, out=mask)
+                xp.multiply(grad_out, mask, out=g)
+            if tracing:
+                # Read for the last time (any consumer's backward ran before this one): its memory may serve the rest.
+                pool.drop(out, g)
+                # Both branches read g: the first one's handoff must not end it.
                 pool.keep(g)
             gx = self._chain_backward(g)
             # conv1's gradient buffer is ours to add into: conv1 does not read it again.
