@@ -3,7 +3,8 @@
 NeuroFlow: ``neuroflow_ops_vision.resnet18(num_classes=10)`` (3×3 stride-1 stem, no max-pool,
 11,173,962 parameters), NHWC inside. PyTorch: the same architecture with torchvision's module names
 (torchvision itself is not needed), loaded from NeuroFlow's state dict by name. A second NeuroFlow
-contender trains with ``update_in_backward=True`` (its kernels' updates applied inside backward).
+contender trains with ``update_in_backward=True`` (its kernels' updates applied inside backward), a third
+keeps every block's output for backward (``recompute_block_outputs=False``) instead of recomputing it.
 
     .venv/bin/python benchmarks/resnet18.py             # 2 threads, a few minutes
     .venv/bin/python benchmarks/resnet18.py --quick     # smoke test
@@ -21,10 +22,14 @@ import numpy as np
 import convnet_bench
 
 
-def build_neuroflow() -> Any:
+def build_neuroflow(recompute_block_outputs: bool = True) -> Any:
     from neuroflow import registry
 
-    return registry.models.get("resnet18")(num_classes=10)
+    return registry.models.get("resnet18")(num_classes=10, recompute_block_outputs=recompute_block_outputs)
+
+
+def build_neuroflow_keeping_outputs() -> Any:
+    return build_neuroflow(recompute_block_outputs=False)
 
 
 def build_torch(state: dict[str, np.ndarray]) -> Any:
@@ -42,8 +47,10 @@ def build_torch(state: dict[str, np.ndarray]) -> Any:
 
 
 STREAMED = "NeuroFlow, update in backward"
+KEPT = "NeuroFlow, block outputs kept"
 CASE = convnet_bench.Case("ResNet-18 (CIFAR variant) train step", 32, (3, 32, 32), 10, build_neuroflow, build_torch,
-                          variants={STREAMED: build_neuroflow}, variant_options={STREAMED: {"update_in_backward": True}})
+                          variants={STREAMED: build_neuroflow, KEPT: build_neuroflow_keeping_outputs},
+                          variant_options={STREAMED: {"update_in_backward": True}})
 
 if __name__ == "__main__":
     sys.exit(convnet_bench.main(CASE, __file__, threads="2"))
