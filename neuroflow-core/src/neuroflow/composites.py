@@ -21,6 +21,16 @@ def input_layer(model: Operator) -> Operator | None:
     return None if first is model else first
 
 
+def report_forward_read(pool: Any, producer: Operator, consumer: Operator, x: Any, y: Any) -> None:
+    """Tell a tracing ``pool`` that ``consumer``'s forward read ``x``, ``producer``'s output, and returned ``y``.
+
+    An output its producer's backward does not read dies with its consumer:
+    now, or when the consumer is done if the consumer's backward reads it.
+    """
+    if not producer.backward_reads_output:
+        pool.drop(x, y, consumer if consumer.backward_reads_input else None)
+
+
 class Sequential(Operator):
     """Children applied in order; backward runs them in reverse.
 
@@ -77,13 +87,13 @@ class Sequential(Operator):
         return x
 
     def _traced_forward(self, x: Any, pool: Any) -> Any:
-        """Forward while the pool traces: a layer output its producer's backward does not read dies with its
-        consumer, after the consumer's forward or, when the consumer's backward reads it, after that."""
+        """Forward while the pool traces, each layer's output reported to it as it is read (see
+        :func:`report_forward_read`)."""
         producer: Operator | None = None
         for layer in self._run:
             y = layer.forward(x)
-            if producer is not None and not producer.backward_reads_output:
-                pool.drop(x, y, layer if layer.backward_reads_input else None)
+            if producer is not None:
+                report_forward_read(pool, producer, layer, x, y)
             producer, x = layer, y
         return x
 

@@ -240,7 +240,9 @@ class TracingPool:
         """``output``, a layer's forward result that its producer's backward does not read, was just read by
         its consumer's forward, which returned ``consumer_result``. With ``reader`` (the consumer, whose
         backward reads its input) the output dies when the reader is done; without, it dies now, unless the
-        result is a view of it. Either way its producer, which lives on, no longer holds it."""
+        result is a view of it. Either way its producer, which lives on, no longer holds it. Also for an
+        output nobody reads again before the step ends: one recomputed in backward later, or one its
+        producer's backward has just read for the last time."""
         slot = self._slot_of(output)
         if slot is None or slot.escaped or slot.transient:
             return

@@ -17,7 +17,7 @@ from typing import Any, cast
 import numpy as np
 
 from neuroflow import debug
-from neuroflow.composites import Sequential
+from neuroflow.composites import Sequential, report_forward_read
 from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow.ops.linear import Linear
 from neuroflow_ops_vision.batchnorm import BatchNorm2d
@@ -247,8 +247,8 @@ class ResNet(Sequential):
             if tracing and producer is not None:
                 if _recomputable(producer, layer):  # dies now: backward recomputes it
                     pool.drop(x, y)
-                elif not producer.backward_reads_output:  # as in a Sequential
-                    pool.drop(x, y, layer if layer.backward_reads_input else None)
+                else:
+                    report_forward_read(pool, producer, layer, x, y)
             x = y
         return x
 
