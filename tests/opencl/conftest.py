@@ -1,10 +1,12 @@
-"""Shared by the opencl tests: the ``opencl`` backend, its namespace (the tests skip without a driver), and each
-GEMM kernel forced in turn."""
+"""Shared by the opencl tests: the ``opencl`` backend on every OpenCL device found (each driver in turn: the
+wheel's pocl, Debian's, a vendor's), its namespace (the tests skip without a driver), and each GEMM kernel
+forced in turn."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,16 +18,45 @@ except ImportError:  # not installed: the backend fixture skips every test
     VARIANTS = ()
 
 
-@pytest.fixture(scope="session")
-def backend() -> Any:
-    """The opencl:0 backend (pocl on the CPU in CI)."""
+def _devices() -> list[tuple[int, str]]:
+    """(raw index, test id) of every OpenCL device, enumerated without running anything on it; the id names the
+    driver (``pocl3.0-rc2-llvm14``) so that a driver-specific failure says whose it is."""
+    try:
+        from neuroflow_opencl.device import all_devices
+
+        devices = all_devices()
+    except Exception:  # no pyopencl, no ICD loader: one parameter, which skips
+        return [(0, "opencl")]
+    found = []
+    for index, device in enumerate(devices):
+        version = device.platform.version
+        pocl = re.search(r"PoCL (\S+)", version)
+        llvm = re.search(r"LLVM (\d+)", version)
+        name = f"pocl{pocl.group(1)}" if pocl else re.sub(r"\W+", "-", device.platform.name.strip()).lower()
+        found.append((index, name + (f"-llvm{llvm.group(1)}" if llvm else "") + f"-{index}"))
+    return found or [(0, "opencl")]
+
+
+DEVICES = _devices()
+
+
+@pytest.fixture(scope="session", params=[index for index, _ in DEVICES], ids=[name for _, name in DEVICES])
+def backend(request: pytest.FixtureRequest) -> Any:
+    """The opencl backend on one OpenCL device (pocl on the CPU in CI), selected as a user would: by its name
+    among the qualified devices. A device that failed qualification skips here; ``test_qualification`` fails
+    for it, with the driver's name and what went wrong."""
     neuroflow_opencl = pytest.importorskip("neuroflow_opencl")
     reason = neuroflow_opencl.OpenclBackend.unavailable_reason()
     if reason:
         pytest.skip(reason)
+    from neuroflow.backends import qualification
     from neuroflow.backends.selection import get_backend
 
-    return get_backend("opencl")
+    devices = qualification.offered("opencl")
+    raw, verdict = devices[request.param]
+    if not verdict.ok:
+        pytest.skip(f"{verdict.device} did not qualify: {verdict.explain()}")
+    return get_backend(f"opencl:{[r for r, v in devices if v.ok].index(raw)}")
 
 
 @pytest.fixture(scope="session")

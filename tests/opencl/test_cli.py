@@ -9,9 +9,10 @@ import pytest
 from neuroflow.cli import main
 
 
-def opencl_line(out: str) -> str:
-    """The row of the opencl backend ("opencl" or "opencl:0" in its first column)."""
-    return next(line for line in out.splitlines() if line.split()[:1] and line.split()[0].split(":")[0] == "opencl")
+def opencl_line(out: str, device: str | None = None) -> str:
+    """The row of the opencl backend ("opencl" or "opencl:0" in its first column), or of ``device``."""
+    return next(line for line in out.splitlines() if line.split()[:1] and (
+        line.split()[0] == device if device else line.split()[0].split(":")[0] == "opencl"))
 
 
 def test_backends_lists_opencl_as_available(backend: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -23,8 +24,9 @@ def test_backends_lists_opencl_as_available(backend: Any, capsys: pytest.Capture
 def test_doctor_lists_the_opencl_device(backend: Any, capsys: pytest.CaptureFixture[str]) -> None:
     facts = backend.cl_device.facts
     assert main(["doctor"]) == 0
-    line = opencl_line(capsys.readouterr().out)
-    assert "available" in line and f"device={facts.name}" in line and f"platform={facts.platform}" in line
+    line = opencl_line(capsys.readouterr().out, backend.device)
+    assert "qualified (" in line and f"device={facts.name}" in line and f"platform={facts.platform}" in line
+    assert f"vectors={backend.cl_device.vector_bytes} bytes" in line
     assert f"fp64={'yes' if facts.fp64 else 'no'}" in line and f"compute_units={facts.compute_units}" in line
 
 

@@ -15,11 +15,11 @@ if not OpenclBackend.is_available():
 
 
 @pytest.mark.parametrize("mode, extra", [("topk", {}), ("threshold", {"compression_threshold": 0.01}), ("auto", {})])
-def test_compressed_training_matches_cpu(mode, extra):
+def test_compressed_training_matches_cpu(backend, mode, extra):
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((256, 20)).astype(np.float32), rng.integers(0, 3, 256)
     runs = {}
-    for device in ("cpu", "opencl"):
+    for device in ("cpu", backend.device):
         nf.manual_seed(0)
         model = nf.Sequential(nf.ops.Linear(20, 32), nf.ops.ReLU(), nf.ops.Linear(32, 3))
         trainer = nf.Trainer(model, batch_size=32, gradient_accumulation_steps=2, gradient_compression=mode,
@@ -28,15 +28,13 @@ def test_compressed_training_matches_cpu(mode, extra):
         sent = [s.sent for s in trainer.compressor.last_stats]
         residual = np.asarray(trainer.backend.to_host(trainer.compressor.residual))
         runs[device] = losses, sent, residual
-    np.testing.assert_allclose(runs["opencl"][0], runs["cpu"][0], rtol=1e-5)
-    assert runs["opencl"][1] == runs["cpu"][1]
-    np.testing.assert_allclose(runs["opencl"][2], runs["cpu"][2], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(runs[backend.device][0], runs["cpu"][0], rtol=1e-5)
+    assert runs[backend.device][1] == runs["cpu"][1]
+    np.testing.assert_allclose(runs[backend.device][2], runs["cpu"][2], rtol=1e-4, atol=1e-6)
 
 
-def test_count_nonzero_and_flatnonzero_match_numpy():
-    from neuroflow.backends.selection import get_backend
-
-    xp = get_backend("opencl").xp
+def test_count_nonzero_and_flatnonzero_match_numpy(backend):
+    xp = backend.xp
     host = np.array([0.0, 1.5, 0.0, -2.0, 0.0, 3.0], np.float32)
     a = xp.asarray(host)
     assert xp.count_nonzero(a) == 3

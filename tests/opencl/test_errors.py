@@ -53,9 +53,12 @@ def test_a_broken_opencl_install_is_reported_not_raised(backend: Any, monkeypatc
 
 def test_a_device_index_that_does_not_exist_lists_the_devices(backend: Any) -> None:
     name = backend.cl_device.facts.name
-    with pytest.raises(BackendUnavailableError, match=r"there is no OpenCL device 99; found opencl:0 = ") as info:
+    with pytest.raises(BackendUnavailableError, match=r"there is no opencl device 99 that qualified \(\d of \d did\); "
+                                                      r"found opencl:0 = ") as info:
         get_backend("opencl:99")
     assert name in str(info.value)
+    with pytest.raises(BackendUnavailableError, match=r"there is no OpenCL device 99; found opencl:0 = "):
+        type(backend)(99)  # the raw index, as the qualification child opens it
 
 
 def test_float16_is_refused_with_a_message(backend: Any, xp: Any) -> None:
@@ -86,12 +89,14 @@ def test_float64_on_a_device_without_double_precision(backend: Any, xp: Any, mon
     assert float(xp.asarray(x).sum()) == pytest.approx(float(x.sum(dtype=np.float64)), rel=1e-5)
 
 
-def test_an_array_of_another_device_is_refused(xp: Any) -> None:
+def test_an_array_of_another_device_is_refused(backend: Any, xp: Any) -> None:
     from neuroflow_opencl.device import Device
 
-    other = Device(0)  # a second context on the same hardware is another device to OpenCL
+    index = backend.cl_device.index
+    other = Device(index)  # a second context on the same hardware is another device to OpenCL
     foreign = other.namespace.asarray(np.ones(3, np.float32))
-    with pytest.raises(ValueError, match="array lives on <opencl:0 .*>, not on <opencl:0 .*>; copy it through the host"):
+    with pytest.raises(ValueError, match=f"array lives on <opencl:{index} .*>, not on <opencl:{index} .*>; copy it "
+                                         "through the host"):
         xp.asarray(foreign)
     np.testing.assert_array_equal(xp.asarray(foreign.get()).get(), np.ones(3))
 

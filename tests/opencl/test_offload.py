@@ -50,9 +50,9 @@ def test_training_with_unloads_matches_training_without(monkeypatch):
         m[0].weight.requires_grad = m[0].bias.requires_grad = False  # frozen: cold
         return m
 
-    plain = nf.Trainer(model(), batch_size=16, progress=False, seed=0, device="opencl")
+    plain = nf.Trainer(model(), batch_size=16, progress=False, seed=0, device=backend.device)
     plain.fit((x, y), epochs=2)
-    offloading = nf.Trainer(model(), batch_size=16, progress=False, seed=0, device="opencl",
+    offloading = nf.Trainer(model(), batch_size=16, progress=False, seed=0, device=backend.device,
                             enable_async_unload=True)
     monkeypatch.setattr(type(offloading.backend), "free_bytes", lambda self: 1024)  # a nearly full device
     offloading.fit((x, y), epochs=2)

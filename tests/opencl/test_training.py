@@ -26,7 +26,7 @@ def _mlp_run(device: str) -> tuple[list[float], float]:
 
 def test_mnist_mlp_on_opencl_learns_as_on_cpu(backend: Any) -> None:
     cpu_losses, cpu_accuracy = _mlp_run("cpu")
-    cl_losses, cl_accuracy = _mlp_run("opencl")
+    cl_losses, cl_accuracy = _mlp_run(backend.device)
     np.testing.assert_allclose(cl_losses[:5], cpu_losses[:5], rtol=0, atol=1e-4)
     assert cl_accuracy > 0.88  # it learned: 250 steps of real MNIST, not a lucky constant
     assert abs(cl_accuracy - cpu_accuracy) <= 0.005
@@ -44,20 +44,20 @@ def _cnn_losses(device: str, allocator: str | None = None, steps: int = 5) -> li
 
 
 def test_neuroflow_cnn_losses_on_opencl_follow_cpu(backend: Any) -> None:
-    cpu, cl = _cnn_losses("cpu"), _cnn_losses("opencl")
+    cpu, cl = _cnn_losses("cpu"), _cnn_losses(backend.device)
     assert len(set(cpu)) == len(cpu)  # the weights move: equal losses would say nothing
     np.testing.assert_allclose(cl, cpu, rtol=0, atol=2e-4)
 
 
 def test_arena_allocator_gives_the_direct_allocators_losses(backend: Any) -> None:
-    arena = _cnn_losses("opencl", steps=4)  # the default allocator
-    direct = _cnn_losses("opencl", "direct", steps=4)
+    arena = _cnn_losses(backend.device, steps=4)  # the default allocator
+    direct = _cnn_losses(backend.device, "direct", steps=4)
     np.testing.assert_allclose(arena, direct, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("allocator", ["arena", "direct"])
 def test_trainer_reports_the_allocator_it_uses(backend: Any, allocator: str) -> None:
-    trainer = nf.Trainer(nf.Sequential(ops.Linear(4, 2)), device="opencl", allocator=allocator, progress=False)
+    trainer = nf.Trainer(nf.Sequential(ops.Linear(4, 2)), device=backend.device, allocator=allocator, progress=False)
     assert trainer.allocator_name == allocator and trainer.backend is backend
     rng = np.random.default_rng(0)
     first = trainer.train_step(rng.standard_normal((8, 4)).astype(np.float32), rng.integers(0, 2, 8))
@@ -68,4 +68,4 @@ def test_update_in_backward_is_refused_off_the_cpu(backend: Any) -> None:
     from neuroflow.errors import ConfigError
 
     with pytest.raises(ConfigError, match="update_in_backward runs on the cpu backend only; this trainer is on 'opencl'"):
-        nf.Trainer(nf.Sequential(ops.Linear(4, 2)), device="opencl", update_in_backward=True)
+        nf.Trainer(nf.Sequential(ops.Linear(4, 2)), device=backend.device, update_in_backward=True)

@@ -31,7 +31,7 @@ def test_the_trainer_counts_the_step_s_own_logits(backend: Any) -> None:
     x, y = rng.standard_normal((50, 12), dtype=np.float32), rng.integers(0, 5, 50)
     nf.manual_seed(0)
     trainer = nf.Trainer(nf.Sequential(ops.Linear(12, 16), ops.ReLU(), ops.Linear(16, 5)), batch_size=50,
-                         progress=False, seed=0, device="opencl", shuffle=False)
+                         progress=False, seed=0, device=backend.device, shuffle=False)
     trainer.train_step(x, y)  # the first step traces and plans; the second runs the planned steady state
     expected = int((trainer.predict(x).argmax(axis=1) == y).sum()) / 50
     history = trainer.fit((x, y), epochs=1)

@@ -63,6 +63,10 @@ class Registry:
         self._local.pop(name, None)
         self._loaded.pop(name, None)
 
+    def registered_at_run_time(self, name: str) -> bool:
+        """Whether ``name`` comes from ``register`` (a class another process cannot find by entry point)."""
+        return name in self._local
+
     def names(self) -> list[str]:
         return sorted(set(self._discover()) | set(self._local))
 

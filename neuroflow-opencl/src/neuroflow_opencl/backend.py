@@ -10,7 +10,7 @@ import numpy as np
 from neuroflow.backends.base import Backend
 from neuroflow_opencl import fused
 from neuroflow_opencl.array import ClArray, is_array
-from neuroflow_opencl.device import NO_PLATFORM_HELP, Device, all_devices
+from neuroflow_opencl.device import DRIVER_HELP, NO_PLATFORM_HELP, Device, all_devices
 from neuroflow_opencl.offload import Offloader, Unloaded
 from neuroflow_opencl.transfer import from_host, start_to_host, to_host
 
@@ -52,12 +52,29 @@ class OpenclBackend(Backend):
         except Exception as exc:
             return f"OpenCL could not be initialised ({type(exc).__name__}: {exc}); {NO_PLATFORM_HELP}"
 
+    @classmethod
+    def device_identity(cls, index: int) -> dict[str, str]:
+        """The platform (driver) and device behind raw device ``index``, as the ICD loader reports them."""
+        device = all_devices()[index]
+        return {"backend": cls.name, "platform": device.platform.name.strip(),
+                "platform version": device.platform.version.strip(), "device": device.name.strip(),
+                "device version": device.version.strip(), "driver": device.driver_version.strip()}
+
+    @classmethod
+    def driver_help(cls, index: int) -> str:
+        return DRIVER_HELP
+
+    def self_test(self, report: Callable[[str], None]) -> None:
+        from neuroflow_opencl import selftest
+
+        selftest.run(self, report)
+
     def describe(self) -> dict[str, str]:
         f = self.cl_device.facts
         return {
             "device": f.name, "platform": f.platform, "type": f.kind, "opencl": f.version,
             "memory_mib": str(f.global_mem_bytes >> 20), "compute_units": str(f.compute_units),
-            "fp64": "yes" if f.fp64 else "no",
+            "fp64": "yes" if f.fp64 else "no", "vectors": f"{self.cl_device.vector_bytes} bytes",
         }
 
     def from_host(self, array: np.ndarray) -> ClArray:

@@ -68,6 +68,13 @@ def vector_load(t: str, width: int, address: str) -> str:
     return f"NF_LOAD_{t}{width}({address})"
 
 
+def vector_convert(source: str, target: str, width: int, value: str) -> str:
+    """``value``, a ``width``-vector of C type ``source``, as a vector of ``target``: the value itself when the
+    types agree (no builtin call: pocl 3.0's LLVM 14 crashed compiling an identity ``convert_float16`` for a
+    CPU without AVX-512; see ``Device.vector_bytes``)."""
+    return value if source == target else f"convert_{target}{width}({value})"
+
+
 def vector_store(t: str, width: int, value: str, address: str) -> str:
     """The statement storing the ``width``-vector ``value`` at ``address`` (see ``vector_load``)."""
     return f"NF_STORE_{t}{width}({value}, {address});"

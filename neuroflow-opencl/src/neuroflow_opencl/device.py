@@ -24,10 +24,39 @@ INT64 = np.dtype(np.int64)
 #: Host→device copies that may be in flight at once (each holds its host array alive until done).
 MAX_PENDING_UPLOADS = 64
 
+#: The widest vector, in bytes, that kernels use: one AVX-512 register (see ``Device.vector_bytes``).
+VECTOR_BYTES = 64
+#: ... on an x86 device whose compiler targets a CPU without AVX-512 (two AVX registers of it otherwise).
+NARROW_VECTOR_BYTES = 32
+
+#: Asks the device's own compiler which x86 vector extensions it generates code for (its predefined macros).
+_TARGET_SOURCE = """__kernel void target(__global int* out)
+{
+    int features = 0;
+#ifdef __x86_64__
+    features |= 1;
+#endif
+#ifdef __AVX__
+    features |= 2;
+#endif
+#ifdef __AVX512F__
+    features |= 4;
+#endif
+    out[0] = features;
+}
+"""
+
 NO_PLATFORM_HELP = (
     "no OpenCL platform was found. For an Intel or AMD integrated GPU install the vendor's OpenCL driver "
     "(ICD: intel-opencl-icd / Intel Graphics Compute Runtime, or AMD ROCm/Adrenalin); to run on the CPU "
     "install the portable driver with: pip install 'neuroflow-opencl[pocl]'"
+)
+
+
+DRIVER_HELP = (
+    "Another OpenCL driver can run it: on Debian/Ubuntu `apt-get install pocl-opencl-icd` (PoCL with a newer "
+    "LLVM, for the CPU), or your GPU vendor's ICD; `OCL_ICD_VENDORS=<directory of .icd files>` chooses which "
+    "drivers load"
 )
 
 
@@ -114,6 +143,34 @@ class Device:
         # Events of queued host→device copies: pyopencl's event for such a copy waits for it when destroyed
         # (it keeps the host array alive), so dropping it at once would make every upload a host wait.
         self._uploads: collections.deque[Any] = collections.deque()
+
+    @property
+    def vector_bytes(self) -> int:
+        """The width, in bytes, of the vectors the kernels keep in registers and load and store as one.
+
+        64 (16 floats), unless the device's compiler targets an x86 CPU without AVX-512, as pocl 3.0's LLVM 14
+        does on AMD Zen 4 (it knows the CPU only as ``znver3``): then 32. That LLVM crashes in codegen
+        (``DAGTypeLegalizer::SplitVecRes_TernaryOp``, or "Do not know how to scalarize this operator's
+        operand") on a 64-byte vector passed to one of pocl's builtins (``sqrt``, ``convert_float16``,
+        ``vload16``), and without AVX-512 such a vector is two registers anyway. The rule reads the compiler's
+        own ``__AVX512F__`` macro, from a one-line kernel run once per device.
+        """
+        width = self.__dict__.get("_vector_bytes")
+        if width is None:
+            features = self.target_features()
+            narrow = features & 1 and not features & 4
+            width = self._vector_bytes = NARROW_VECTOR_BYTES if narrow else VECTOR_BYTES
+        return width
+
+    def target_features(self) -> int:
+        """Bit flags of what the device's compiler targets: 1 x86-64, 2 AVX, 4 AVX-512F (from its predefined
+        macros; 0 for a GPU or another architecture)."""
+        out = np.zeros(1, np.int32)
+        buffer = self.cl.Buffer(self.context, self.cl.mem_flags.WRITE_ONLY, out.nbytes)
+        self.kernel(_TARGET_SOURCE, "target")(self.queue, (1,), None, buffer)
+        self.cl.enqueue_copy(self.queue, out, buffer)
+        self.queue.finish()
+        return int(out[0])
 
     def allocate(self, nbytes: int) -> Any:
         """A buffer of at least ``nbytes`` bytes from the device pool."""

@@ -102,8 +102,9 @@ def apply(name: str, *operands: Any, out: ClArray | None = None, dtype: Any = No
     operands = tuple(op if isinstance(op, ClArray) else _scalar(op) for op in operands)
     if out is not None:  # numpy reads an input that overlaps ``out`` as it was before the call
         operands = tuple(op.copy() if isinstance(op, ClArray) and overlaps(op, out) else op for op in operands)
-    key = (name, dtype, None if out is None else (out.dtype, out.shape, out.estrides),
-           *((op.dtype, op.shape, op.estrides) if isinstance(op, ClArray) else type(op) for op in operands))
+    # The device is part of the key: a plan's kernel (a transposing copy's) and its vector width are a device's.
+    key = (name, dtype, None if out is None else (out.dtype, out.shape, out.estrides, out.device),
+           *((op.dtype, op.shape, op.estrides, op.device) if isinstance(op, ClArray) else type(op) for op in operands))
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = _plan(name, operands, out, dtype)
@@ -188,7 +189,7 @@ def _geometry(shape: Shape, out_strides: Shape, out_dtype: np.dtype, operands: t
     stride_sets = [out_strides, *(broadcast_strides(a.shape, a.estrides, shape) for a in arrays)]
     cshape, csets = collapse(shape, stride_sets)
     if (expr == "a0" and len(operands) == len(arrays) == 1 and compute == out_dtype
-            and transpose.fits(cshape, csets, (out_dtype, arrays[0].dtype))):
+            and transpose.fits(cshape, csets, (out_dtype, arrays[0].dtype), arrays[0].device)):
         return transpose.Plan(shape, cshape, csets, out_dtype, arrays[0].device)
     dense = contiguous_strides(cshape)
     patterns = tuple("c" if s == dense else "s" if not any(s) else "g" for s in csets)
@@ -212,7 +213,7 @@ def _geometry(shape: Shape, out_strides: Shape, out_dtype: np.dtype, operands: t
 def copy_plan(out: ClArray, src: ClArray) -> _Plan | transpose.Plan:
     """The plan ``out.assign(src)`` runs, for a caller that copies between these layouts again and again:
     ``plan.launch(out, (src,))`` copies without the checks (the caller knows that the two do not overlap)."""
-    key = ("copy", out.dtype, (out.dtype, out.shape, out.estrides), (src.dtype, src.shape, src.estrides))
+    key = ("copy", out.dtype, (out.dtype, out.shape, out.estrides, out.device), (src.dtype, src.shape, src.estrides, src.device))
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = _plan("copy", (src,), out, out.dtype)
@@ -230,8 +231,8 @@ def _scalar(value: Any) -> Any:
 
 def run(out: ClArray, expr: str, operands: tuple[Any, ...], compute: Any, predicate: bool = False) -> None:
     """Evaluate the C expression ``expr`` (over ``a0``, ``a1``, ... and ``gid``) elementwise into ``out``."""
-    key = ("expr", expr, np.dtype(compute), predicate, (out.dtype, out.shape, out.estrides),
-           *((op.dtype, op.shape, op.estrides) if isinstance(op, ClArray) else type(op) for op in operands))
+    key = ("expr", expr, np.dtype(compute), predicate, (out.dtype, out.shape, out.estrides, out.device),
+           *((op.dtype, op.shape, op.estrides, op.device) if isinstance(op, ClArray) else type(op) for op in operands))
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = _geometry(out.shape, out.estrides, out.dtype, operands, expr, np.dtype(compute),

@@ -151,7 +151,7 @@ def _sums_plan(a: ClArray, b: ClArray, c: ClArray, sums: ClArray, m: int, n: int
         (m, k, k, n, m, n), (*a.estrides, *b.estrides, *c.estrides), strict=True))
     variant = _variant(c.device, m, n, a_sm, a_sk, b_sk, b_sn)
     if (m and n and variant == "rows" and c_sn == 1 and b_sn == 1 and n >= 4
-            and not _transpose(m, n, k, a_sm == 1 and m >= 4, True, (c_sm, c_sn), 64 // c.dtype.itemsize)):
+            and not _transpose(m, n, k, a_sm == 1 and m >= 4, True, (c_sm, c_sn), c.device.vector_bytes // c.dtype.itemsize)):
         return _launch(variant, (a_sm, a_sk, ()), (b_sk, b_sn, ()), (c_sm, c_sn, ()), c.dtype, a.dtype, b.dtype,
                        1, m, n, k, None, "row", c.device, sums.estrides[0])
 
@@ -213,7 +213,7 @@ def _plan(a: ClArray, b: ClArray, c: ClArray, batch: tuple[int, ...], m: int, n:
 
         return pack
     transpose = variant == "rows" and _transpose(m, n, k, a_sm == 1 and m >= 4, b_sn == 1 and n >= 4,
-                                                 (c_sm, c_sn), 64 // c.dtype.itemsize)
+                                                 (c_sm, c_sn), c.device.vector_bytes // c.dtype.itemsize)
     if variant == "rows" and not bshape and (c_sm if transpose else c_sn) != 1:
         # Measured on pocl: the kernel runs up to 1.4× slower when its rows of C are strided (a transposed
         # weight gradient); a dense product and one copy cost less.
@@ -293,7 +293,7 @@ def _launch(variant: str, a_layout: tuple[int, int, tuple[int, ...]], b_layout: 
         local = (TILED_GROUP, TILED_GROUP, 1)
         size = (math.ceil(n / tile) * TILED_GROUP, math.ceil(m / tile) * TILED_GROUP, nb)
     else:
-        lanes = 64 // out_dtype.itemsize  # one AVX-512 register
+        lanes = device.vector_bytes // out_dtype.itemsize  # one vector register (AVX-512's where there is one)
         k_block = 0
         if variant == "rows":
             rows = min(8, m)  # whole row blocks only: a GEMV (one row) computes one row, not eight

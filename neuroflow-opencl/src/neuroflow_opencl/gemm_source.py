@@ -32,7 +32,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from neuroflow_opencl.cdtypes import c_type, preamble, vector_load, vector_store, vector_types
+from neuroflow_opencl.cdtypes import c_type, preamble, vector_convert, vector_load, vector_store, vector_types
 
 STRIDES = ("a_sm", "a_sk", "b_sk", "b_sn", "c_sm", "c_sn")
 TILE_K = 16
@@ -98,7 +98,7 @@ def rows_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, rows: int, width: in
     acc = [(i, q) for i in range(rows) for q in range(vectors)]
     lines += [f"    {v} c{i}_{q} = 0;" for i, q in acc]
     lines += [f"    {t} s{i} = 0;" for i in range(rows) if sums]
-    body = [f"        const {v} y{q} = convert_{v}({vector_load(tb, width, f'b + p * b_sk + {q * width}')});"
+    body = [f"        const {v} y{q} = {vector_convert(tb, t, width, vector_load(tb, width, f'b + p * b_sk + {q * width}'))};"
             for q in range(vectors)]
     body += [f"        const {t} x{i} = ({t})a[{i} * a_sm + p * a_sk];" for i in range(rows)]
     body += [f"        s{i} += x{i};" for i in range(rows) if sums]
@@ -161,8 +161,8 @@ def dots_source(out_dtype: Any, a_dtype: Any, b_dtype: Any, unit: tuple[bool, ..
     lines += [f"    {v} c{i}{j} = 0;" for i in range(rows) for j in range(cols)]
     lines.append(f"    const long kv = K - K % {width};")
     lines.append(f"    for (long p = 0; p < kv; p += {width}) {{")
-    lines += [f"        const {v} x{i} = convert_{v}({vector_load(ta, width, f'a{i} + p')});" for i in range(rows)]
-    lines += [f"        const {v} y{j} = convert_{v}({vector_load(tb, width, f'b{j} + p')});" for j in range(cols)]
+    lines += [f"        const {v} x{i} = {vector_convert(ta, t, width, vector_load(ta, width, f'a{i} + p'))};" for i in range(rows)]
+    lines += [f"        const {v} y{j} = {vector_convert(tb, t, width, vector_load(tb, width, f'b{j} + p'))};" for j in range(cols)]
     lines += [f"        c{i}{j} = x{i} * y{j} + c{i}{j};" for i in range(rows) for j in range(cols)]
     lines.append("    }")
     lanes = " + ".join(f"c{{i}}{{j}}.s{q:x}" for q in range(width))

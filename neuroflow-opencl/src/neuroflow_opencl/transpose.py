@@ -2,7 +2,7 @@
 
 The generic elementwise copy walks the output's rows and reads the input a column at a time, an element per
 load and store. Here a work item moves a square tile of ``lanes`` × ``lanes`` elements (one 64-byte vector a
-side): ``lanes`` vector loads of the input's columns, a transpose in registers, ``lanes`` vector stores of the
+side, or 32 bytes where ``Device.vector_bytes`` says so): ``lanes`` vector loads of the input's columns, a transpose in registers, ``lanes`` vector stores of the
 output's rows. Measured on pocl (2-core AVX-512 Xeon), copying the MLP's first weight transposed (784 × 128
 float32) took 41–47 µs elementwise and ~30 µs in tiles (device time, alone). Sizes and strides are compiled in
 (the geometry repeats every step); the offsets are scalar arguments of declared type, as for the GEMM.
@@ -20,16 +20,16 @@ from neuroflow_opencl.array import ClArray
 from neuroflow_opencl.cdtypes import c_type, preamble, vector_load, vector_store, vector_types
 from neuroflow_opencl.views import Shape
 
-VECTOR_BYTES = 64
 GROUP = 8  # tiles per work group, along the output's rows
 
 
-def fits(shape: Shape, strides: list[Shape], dtypes: tuple[np.dtype, np.dtype]) -> bool:
-    """Whether a copy of collapsed ``shape`` with (output, input) ``strides`` is a tiled transpose: two
-    dimensions of at least one tile, the output's rows and the input's columns dense, one 4- or 8-byte dtype."""
+def fits(shape: Shape, strides: list[Shape], dtypes: tuple[np.dtype, np.dtype], device: Any) -> bool:
+    """Whether a copy of collapsed ``shape`` with (output, input) ``strides`` is a tiled transpose on ``device``:
+    two dimensions of at least one tile, the output's rows and the input's columns dense, one 4- or 8-byte
+    dtype."""
     if len(shape) != 2 or dtypes[0] != dtypes[1] or dtypes[0].itemsize not in (4, 8):
         return False
-    lanes = VECTOR_BYTES // dtypes[0].itemsize
+    lanes = device.vector_bytes // dtypes[0].itemsize
     (o_rows, o_cols), (i_rows, i_cols) = strides
     return min(shape) >= lanes and o_cols == 1 and i_rows == 1 and o_rows > 0 and i_cols > 0
 
@@ -40,7 +40,7 @@ class Plan:
     def __init__(self, shape: Shape, collapsed: Shape, strides: list[Shape], dtype: np.dtype, device: Any) -> None:
         self.shape, self.dtype = shape, dtype
         rows, cols = collapsed
-        lanes = VECTOR_BYTES // dtype.itemsize
+        lanes = device.vector_bytes // dtype.itemsize
         self.kernel = device.kernel(_source(c_type(dtype), lanes, rows, cols, strides[0][0], strides[1][1],
                                             preamble(dtype)), "transpose")
         self.kernel.set_scalar_arg_dtypes([None, None, np.int64, np.int64])

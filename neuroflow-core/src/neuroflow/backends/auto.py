@@ -3,7 +3,12 @@
 An integrated GPU can train slower than the CPU beside it (its launches
 cost more than the arithmetic it saves), so the choice is measured, not
 assumed: a few training steps of a small MLP on every backend that can run,
-timed after warm-up. The result is cached per machine — keyed by the host,
+timed after warm-up. Each backend is measured in a child process
+(``python -m neuroflow.probe``), which qualifies the device on the way
+(``neuroflow.backends.qualification``): a driver that crashes, hangs or
+computes wrong results there is "not chosen" and a line in
+``neuroflow doctor``, and the user's process only ever runs the backend
+that was chosen. The result is cached per machine — keyed by the host,
 the CPU count and the installed backends with their versions — in
 ``$NEUROFLOW_CACHE_DIR`` (default ``~/.cache/neuroflow``), so later runs
 start at once. An explicit name (``opencl:1``) never consults any of this,
@@ -15,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -23,7 +27,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from neuroflow import registry
+from neuroflow.backends import qualification
 
 #: A backend must be this much faster than cpu to be chosen: timing noise must not flip the choice.
 MARGIN = 0.9
@@ -31,15 +36,11 @@ CACHE_FILE = "backend-choice.json"
 
 
 def cache_path() -> Path:
-    root = os.environ.get("NEUROFLOW_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "neuroflow")
-    return Path(root) / CACHE_FILE
+    return qualification.cache_dir() / CACHE_FILE
 
 
 def fingerprint(names: list[str]) -> str:
     """What the choice depends on: this host, its CPUs and the installed backends' distributions."""
-    from neuroflow import registry
-
     versions = []
     for name in sorted(names):
         dist = registry.backends.distribution(name)
@@ -51,30 +52,30 @@ def fingerprint(names: list[str]) -> str:
 
 
 def measure(name: str, steps: int = 12) -> float:
-    """Median seconds of one training step (MLP 784-128-10, batch 64, SGD) on backend ``name``."""
-    import neuroflow as nf
-    from neuroflow.backends.selection import get_backend
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((64, 784)).astype(np.float32)
-    y = rng.integers(0, 10, 64)
-    model = nf.Sequential(nf.ops.Linear(784, 128), nf.ops.ReLU(), nf.ops.Linear(128, 10))
-    trainer = nf.Trainer(model, optimizer=nf.optim.SGD(lr=0.01), device=get_backend(name), batch_size=64,
-                         progress=False, seed=0)
-    for _ in range(3):  # compiles kernels, plans the arena
-        trainer.train_step(x, y)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        trainer.train_step(x, y)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """Median seconds of one training step (MLP 784-128-10, batch 64, SGD) on the first device of backend
+    ``name`` that qualifies, timed in a child process that qualifies it first (its verdict is cached)."""
+    cls = registry.backends.get(name)
+    if not cls.needs_qualification:
+        found = qualification.run_child(name, 0, time_steps=steps)
+        if not found.ok:
+            raise RuntimeError(found.explain())
+        return float(found.step_seconds or 0.0)
+    refusals = []
+    for index in range(cls.device_count()):
+        known = qualification.cached().get(qualification.key(cls, index))
+        if known is not None and not known.ok:
+            refusals.append(f"{known.device}: {known.explain()}")
+            continue
+        found = qualification.run_child(name, index, time_steps=steps)
+        qualification.remember(cls, index, found)
+        if found.ok and found.step_seconds is not None:
+            return float(found.step_seconds)
+        refusals.append(f"{found.device}: {found.explain()}")
+    raise RuntimeError("; ".join(refusals) or f"backend {name!r} has no device")
 
 
 def choose(available: list[str], timer: Callable[[str], float] | None = None) -> tuple[str, dict[str, Any]]:
     """The fastest runnable backend (cpu unless another beats it by the margin) and what was measured."""
-    from neuroflow import registry
-
     timer = timer or measure
     runnable = []
     for name in available:

@@ -23,7 +23,9 @@ class Backend:
     xp: Any = np
 
     def __init__(self, index: int = 0) -> None:
-        self.index = index
+        self.index = index  # the device's own index (``device_count`` counts them)
+        #: The name the user selected it by, set by ``get_backend``: ``name:N`` counts qualified devices only.
+        self.selected_as: str | None = None
         self._allocator: Any = None
 
     # ---------------------------------------------------------------- identity
@@ -42,13 +44,35 @@ class Backend:
         """Why this backend cannot run here and what to install; None when it can."""
         return None if cls.is_available() else f"backend {cls.name!r} cannot run on this machine"
 
+    # ---------------------------------------------------------------- qualification
+    #: Whether a device of this backend must pass a run in a child process before this process uses it
+    #: (``neuroflow.backends.qualification``): every device plugin, unless it runs nothing but numpy.
+    needs_qualification: ClassVar[bool] = True
+
+    @classmethod
+    def device_identity(cls, index: int) -> dict[str, str]:
+        """What names device ``index`` and the driver that runs it, read without running anything on it:
+        qualification is cached per identity. A backend with drivers of its own adds their versions."""
+        return {"backend": cls.name, "device": str(index)}
+
+    @classmethod
+    def driver_help(cls, index: int) -> str:
+        """What a user can do when device ``index`` is refused (another driver to install, say)."""
+        return ""
+
+    def self_test(self, report: Callable[[str], None]) -> None:
+        """Build and run this backend's own kernels, raising ``AssertionError`` on a wrong result; called in
+        the qualification child before the common training check. ``report(stage)`` names each stage first,
+        so a crash can be blamed on it. The default has nothing beyond the common check to run."""
+
     def describe(self) -> dict[str, str]:
         """Facts for ``neuroflow doctor``: device name, versions, memory."""
         return {"backend": self.name, "device": str(self.index)}
 
     @property
     def device(self) -> str:
-        return f"{self.name}:{self.index}"
+        """``name:N`` as ``get_backend`` takes it."""
+        return self.selected_as or f"{self.name}:{self.index}"
 
     # ---------------------------------------------------------------- memory
     @property

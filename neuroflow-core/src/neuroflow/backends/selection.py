@@ -7,6 +7,7 @@ from functools import cache
 
 from neuroflow import registry
 from neuroflow.backends.base import Backend
+from neuroflow.backends.qualification import resolve
 from neuroflow.errors import BackendUnavailableError, ConfigError
 
 ENV_VAR = "NEUROFLOW_BACKEND"
@@ -35,7 +36,11 @@ def _instance(name: str, index: int) -> Backend:
             f"backend {name!r} is installed but cannot run here: {reason or 'no usable device'}. "
             "Run `neuroflow doctor` for details."
         )
-    return cls(index)
+    # name:index counts the qualified devices; a child process has trained on this one, so a driver that
+    # crashes has crashed there, not here
+    backend = cls(resolve(name, index))
+    backend.selected_as = f"{name}:{index}"
+    return backend
 
 
 def cpu_backend() -> Backend:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from importlib import metadata
 
 from neuroflow import registry
+from neuroflow.backends import qualification
 from neuroflow.cli.plugins import distribution, rows
 from neuroflow.cli.table import format_table
 
@@ -21,7 +22,8 @@ HELP = "report versions, platform, backends (availability, devices), plugins and
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    """``doctor`` takes no arguments."""
+    parser.add_argument("--requalify", action="store_true",
+                        help="forget every device's cached qualification and run it again (in child processes)")
 
 
 def _version(dist: str) -> str:
@@ -55,9 +57,21 @@ def _backends() -> list[list[str]]:
                 reason = cls.unavailable_reason()
                 table.append([name, where, "not available here", reason or ""])
                 continue
-            for index in range(cls.device_count()):
-                facts = cls(index).describe()
-                table.append([f"{name}:{index}", where, "available", " ".join(f"{k}={v}" for k, v in facts.items())])
+            if not cls.needs_qualification:
+                for index in range(cls.device_count()):
+                    facts = cls(index).describe()
+                    table.append([f"{name}:{index}", where, "available", " ".join(f"{k}={v}" for k, v in facts.items())])
+                continue
+            offered = 0
+            for raw, verdict in qualification.offered(name):  # qualifies, in a child process, what is not yet
+                if verdict.ok:  # only a qualified device is opened in this process
+                    facts = cls(raw).describe()
+                    table.append([f"{name}:{offered}", where, verdict.explain(),
+                                  " ".join(f"{k}={v}" for k, v in facts.items())])
+                    offered += 1
+                else:
+                    hint = cls.driver_help(raw)
+                    table.append([f"{name} (refused)", where, verdict.explain(), verdict.device + (f". {hint}" if hint else "")])
         except Exception as exc:  # a backend plugin failing to import or probe is what doctor is for
             table.append([name, where, f"FAILED: {type(exc).__name__}: {exc}"])
     table.append(_auto_row())
@@ -71,7 +85,8 @@ def _auto_row() -> list[str]:
     if not record:
         return ["auto", "", "not measured yet", f"first use of NEUROFLOW_BACKEND=auto measures and caches in {cache_path()}"]
     timings = ", ".join(f"{k} {v * 1e3:.2f} ms/step" for k, v in record.get("step_seconds", {}).items())
-    return ["auto", "", f"-> {record.get('choice')}", f"{timings} (measured {record.get('measured_at', '?')})"]
+    failures = "".join(f"; {k} not chosen: {v}" for k, v in record.get("failures", {}).items())
+    return ["auto", "", f"-> {record.get('choice')}", f"{timings} (measured {record.get('measured_at', '?')}){failures}"]
 
 
 def _plugins() -> list[list[str]]:
@@ -109,6 +124,8 @@ SECTIONS: list[tuple[str, Callable[[], list[list[str]]]]] = [
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "requalify", False):
+        qualification.forget()
     for title, section in SECTIONS:
         print(f"{title}:")
         try:

@@ -1,6 +1,6 @@
 """Optimizer updates over the flat parameter buffer: one kernel for all parameters.
 
-A work item updates one vector of ``lanes`` elements (64 bytes, an AVX-512 register) with explicit vector
+A work item updates one vector of ``lanes`` elements (``Device.vector_bytes``: an AVX-512 register) with explicit vector
 loads and stores, and the tail element by element: pocl left the one-element-per-item form scalar (its
 sqrt and division), measured 355 µs for the MLP's 109k-parameter Adam step against 76 µs vectorised.
 Offsets and sizes come from a cached buffer, the hyperparameters from a buffer made per launch (their
@@ -17,7 +17,6 @@ from typing import Any
 from neuroflow_opencl.array import ClArray
 from neuroflow_opencl.cdtypes import c_type, preamble, vector_load, vector_store, vector_types
 
-VECTOR_BYTES = 64
 # Work items per work group. Left to pocl, the MLP's Adam step (6837 work items) took 116 µs; in groups of 64,
 # 70 µs. The global size is rounded up to whole groups: a work item past the end finds no element to update.
 GROUP = 64
@@ -29,13 +28,9 @@ def _dense(name: str, **arrays: ClArray) -> None:
             raise ValueError(f"{name}: {key} must be a dense 1-D buffer (a FlatParameters view)")
 
 
-def _lanes(dtype: Any) -> int:
-    return VECTOR_BYTES // dtype.itemsize
-
-
-def _sizes(n: int, dtype: Any) -> tuple[tuple[int], tuple[int]]:
-    """Global and local sizes for ``n`` elements, a vector of them per work item."""
-    items = -(-n // _lanes(dtype))
+def _sizes(n: int, lanes: int) -> tuple[tuple[int], tuple[int]]:
+    """Global and local sizes for ``n`` elements, a vector of ``lanes`` of them per work item."""
+    items = -(-n // lanes)
     return (-(-items // GROUP) * GROUP,), (GROUP,)
 
 
@@ -43,9 +38,10 @@ def _sizes(n: int, dtype: Any) -> tuple[tuple[int], tuple[int]]:
 Update = Callable[[str, Callable[[str], str], Callable[[str, str], str]], list[str]]
 
 
-def _vectorised(name: str, dtype: Any, params: str, setup: str, update: Update) -> str:
-    """A kernel whose work item applies ``update`` to one vector of elements, or to the tail one by one."""
-    t, lanes = c_type(dtype), _lanes(dtype)
+def _vectorised(name: str, dtype: Any, lanes: int, params: str, setup: str, update: Update) -> str:
+    """A kernel whose work item applies ``update`` to one vector of ``lanes`` elements, or to the tail one by
+    one."""
+    t = c_type(dtype)
     vector = update(f"{t}{lanes}", lambda a: vector_load(t, lanes, f"{a} + i"),
                     lambda a, x: vector_store(t, lanes, x, f"{a} + i"))
     scalar = update(t, lambda a: f"{a}[i]", lambda a, x: f"{a}[i] = {x};")
@@ -72,7 +68,7 @@ def _indent(lines: list[str], spaces: int) -> str:
 
 
 @cache
-def _adam_source(dtype: Any) -> str:
+def _adam_source(dtype: Any, lanes: int) -> str:
     t = c_type(dtype)
     params = f"__global {t}* data, __global const {t}* grad, __global {t}* m, __global {t}* v"
     setup = f"""    data += P[1]; grad += P[2]; m += P[3]; v += P[4];
@@ -83,7 +79,7 @@ def _adam_source(dtype: Any) -> str:
                 f"{t} mi = b1 * {load('m')} + (1 - b1) * g;", f"{t} vi = b2 * {load('v')} + (1 - b2) * (g * g);",
                 store("m", "mi"), store("v", "vi"), store("data", "p * decay - step * (mi / (sqrt(vi) + eps_c))")]
 
-    return _vectorised("adam", dtype, params, setup, update)
+    return _vectorised("adam", dtype, lanes, params, setup, update)
 
 
 def adam_update(device: Any, data: ClArray, grad: ClArray, m: ClArray, v: ClArray, *, lr: float, beta1: float,
@@ -98,15 +94,16 @@ def adam_update(device: Any, data: ClArray, grad: ClArray, m: ClArray, v: ClArra
     c = math.sqrt(1.0 - beta2**step)
     decay = 1.0 - lr * weight_decay if decoupled and weight_decay else 1.0
     l2 = 0.0 if decoupled else weight_decay
-    kernel = device.kernel(_adam_source(data.dtype), "adam")
+    lanes = device.vector_bytes // data.dtype.itemsize
+    kernel = device.kernel(_adam_source(data.dtype, lanes), "adam")
     offsets = device.constants((n, data.offset, grad.offset, m.offset, v.offset))
     hyper = device.arguments((decay, l2, beta1, beta2, eps * c, lr * c / (1.0 - beta1**step)), data.dtype)
-    kernel(device.queue, *_sizes(n, data.dtype), data.buffer, grad.buffer, m.buffer, v.buffer,
+    kernel(device.queue, *_sizes(n, lanes), data.buffer, grad.buffer, m.buffer, v.buffer,
            offsets, hyper)
 
 
 @cache
-def _sgd_source(dtype: Any, momentum: bool, nesterov: bool, first: bool) -> str:
+def _sgd_source(dtype: Any, lanes: int, momentum: bool, nesterov: bool, first: bool) -> str:
     t = c_type(dtype)
     params = f"__global {t}* data, __global const {t}* grad, __global {t}* buf"
     setup = f"""    data += P[1]; grad += P[2]; buf += P[3];
@@ -119,7 +116,7 @@ def _sgd_source(dtype: Any, momentum: bool, nesterov: bool, first: bool) -> str:
         lines.append(f"{t} b = g;" if first else f"{t} b = mu * {load('buf')} + (1 - dampening) * g;")
         return [*lines, store("buf", "b"), store("data", "p - lr * g - (lr * mu) * b" if nesterov else "p - lr * b")]
 
-    return _vectorised("sgd", dtype, params, setup, update)
+    return _vectorised("sgd", dtype, lanes, params, setup, update)
 
 
 def sgd_update(device: Any, data: ClArray, grad: ClArray, buf: ClArray | None, *, lr: float, momentum: float = 0.0,
@@ -130,9 +127,10 @@ def sgd_update(device: Any, data: ClArray, grad: ClArray, buf: ClArray | None, *
     if not n:
         return
     has_momentum = bool(momentum) and buf is not None
-    kernel = device.kernel(_sgd_source(data.dtype, has_momentum, bool(nesterov), bool(first)), "sgd")
+    lanes = device.vector_bytes // data.dtype.itemsize
+    kernel = device.kernel(_sgd_source(data.dtype, lanes, has_momentum, bool(nesterov), bool(first)), "sgd")
     target = buf if has_momentum and buf is not None else grad
     offsets = device.constants((n, data.offset, grad.offset, target.offset))
     hyper = device.constants((lr, momentum, dampening, weight_decay), data.dtype)
-    kernel(device.queue, *_sizes(n, data.dtype), data.buffer, grad.buffer, target.buffer,
+    kernel(device.queue, *_sizes(n, lanes), data.buffer, grad.buffer, target.buffer,
            offsets, hyper)

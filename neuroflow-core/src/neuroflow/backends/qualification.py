@@ -1,0 +1,265 @@
+"""Qualification: a device is used in this process only after it has trained correctly in a child process.
+
+A driver can crash (pocl 3.0's LLVM 14 segfaulted compiling our GEMM for AMD Zen 4), hang or compute wrong
+results. None of that may take the user's program with it, so the first time a device is used on a machine
+— per backend, device, driver version and the hash of the backend package's source (its kernels are made
+from that source) — NeuroFlow runs ``python -m neuroflow.probe`` on it in a child process, bounded by a
+timeout: the backend's own kernel set (``Backend.self_test``), then a few training steps checked against
+cpu. The verdict is cached in ``$NEUROFLOW_CACHE_DIR/qualification.json``; a refused device is not offered
+(``opencl:N`` numbers the qualified devices only) and asking for it raises an error that says what failed.
+
+A backend that runs nothing but numpy (``Backend.needs_qualification = False``: cpu) is not qualified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from neuroflow import registry
+from neuroflow.errors import BackendUnavailableError
+
+CACHE_FILE = "qualification.json"
+#: Seconds the child may take (cold driver caches compile every kernel); past it the device is "hung".
+TIMEOUT_VAR = "NEUROFLOW_QUALIFY_TIMEOUT"
+DEFAULT_TIMEOUT = 600.0
+#: The child's protocol lines on stdout start with this (anything else a plugin prints is ignored).
+PREFIX = "NEUROFLOW-PROBE "
+#: The statuses of a refused device.
+REFUSED = ("crashed", "hung", "wrong", "failed")
+
+
+def cache_dir() -> Path:
+    """``$NEUROFLOW_CACHE_DIR``, else ``$XDG_CACHE_HOME/neuroflow``, else ``~/.cache/neuroflow``."""
+    root = os.environ.get("NEUROFLOW_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "neuroflow")
+    return Path(root)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the child found for one device: ``status`` is ``ok`` or one of ``REFUSED``."""
+
+    backend: str
+    index: int
+    identity: dict[str, str]
+    status: str
+    detail: str = ""
+    stage: str = ""
+    seconds: float = 0.0
+    step_seconds: float | None = None
+    checked_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S"))
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def device(self) -> str:
+        """The device and its driver, as its backend named them."""
+        known = self.identity
+        device = known.get("device", str(self.index))
+        driver = " ".join(known.get("platform version", known.get("platform", "")).split())
+        return f"{device} ({driver})" if driver else f"{self.backend} device {device}"
+
+    def explain(self) -> str:
+        """One line for an error message or ``neuroflow doctor``."""
+        if self.ok:
+            return f"qualified ({self.seconds:.1f} s, checked {self.checked_at})"
+        where = f" in stage {self.stage!r}" if self.stage else ""
+        return f"{self.status}{where}: {self.detail}"
+
+
+def source_hash(cls: type) -> str:
+    """A hash of every Python file of the top-level package that defines ``cls``: its kernels' source."""
+    return _package_hash(cls.__module__.partition(".")[0])
+
+
+@cache
+def _package_hash(package: str) -> str:
+    module = sys.modules.get(package) or __import__(package)
+    digest = hashlib.sha256()
+    roots = [Path(p) for p in getattr(module, "__path__", [])] or [Path(module.__file__ or "")]
+    for root in roots:
+        files = sorted(root.rglob("*.py")) if root.is_dir() else [root]
+        for path in files:
+            with contextlib.suppress(OSError):
+                digest.update(str(path.relative_to(root.parent)).encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def key(cls: type, index: int) -> str:
+    """The cache key of device ``index`` of backend class ``cls``."""
+    try:
+        core = metadata.version("neuroflow-core")
+    except metadata.PackageNotFoundError:
+        core = "?"
+    identity = cls.device_identity(index)  # type: ignore[attr-defined]
+    return json.dumps({**identity, "sources": source_hash(cls), "neuroflow-core": core,
+                       "python": sys.version.split()[0]}, sort_keys=True)
+
+
+def verdict(name: str, index: int, *, refresh: bool = False) -> Verdict:
+    """The qualification of raw device ``index`` of backend ``name``: cached, else found by a child run."""
+    cls = registry.backends.get(name)
+    k = key(cls, index)
+    if not refresh:
+        cached = _read().get(k)
+        if isinstance(cached, dict):
+            with contextlib.suppress(TypeError):
+                return Verdict(**cached)
+    found = run_child(name, index)
+    _store(k, found)
+    return found
+
+
+def remember(cls: type, index: int, found: Verdict) -> None:
+    """Cache a verdict found by a child run of one's own (``auto`` times and qualifies in one child)."""
+    _store(key(cls, index), found)
+
+
+def offered(name: str) -> list[tuple[int, Verdict]]:
+    """(raw index, verdict) of every device of backend ``name`` (qualifying those not yet qualified)."""
+    cls = registry.backends.get(name)
+    return [(i, verdict(name, i)) for i in range(cls.device_count())]
+
+
+def resolve(name: str, index: int) -> int:
+    """The raw device index behind ``name:index``, which counts the qualified devices only.
+
+    Raises ``BackendUnavailableError`` naming every refused device, what failed and what to do, when fewer
+    than ``index + 1`` devices qualified."""
+    cls = registry.backends.get(name)
+    if not getattr(cls, "needs_qualification", True):
+        return index
+    devices = offered(name)
+    good = [raw for raw, v in devices if v.ok]
+    if index < len(good):
+        return good[index]
+    refused = [(raw, v) for raw, v in devices if not v.ok]
+    found = ", ".join(f"{name}:{i} = {dict(devices)[raw].device}" for i, raw in enumerate(good)) or "none"
+    lines = [f"there is no {name} device {index} that qualified ({len(good)} of {len(devices)} did); found {found}"]
+    for raw, v in refused:
+        lines.append(f"  refused: {v.device}: {v.explain()}")
+        hint = cls.driver_help(raw)
+        if hint:
+            lines.append(f"    {hint}")
+    lines.append(f"Qualification runs in a child process and is cached in {cache_dir() / CACHE_FILE}; "
+                 "`neuroflow doctor` shows every device, `neuroflow doctor --requalify` checks them again.")
+    raise BackendUnavailableError("\n".join(lines))
+
+
+def run_child(name: str, index: int, *, time_steps: int = 0, timeout: float | None = None) -> Verdict:
+    """Run ``python -m neuroflow.probe`` on raw device ``index`` of backend ``name`` and judge how it ended:
+    ``ok``, ``wrong`` (a result disagreed with numpy), ``failed`` (an exception), ``crashed`` (a signal) or
+    ``hung`` (killed after ``timeout`` seconds). ``time_steps`` > 0 also times that many training steps."""
+    cls = registry.backends.get(name)
+    identity = cls.device_identity(index)
+    if timeout is None:
+        timeout = float(os.environ.get(TIMEOUT_VAR) or DEFAULT_TIMEOUT)
+    command = [sys.executable, "-m", "neuroflow.probe", name, str(index), "--time", str(time_steps)]
+    if registry.backends.registered_at_run_time(name):  # the child imports the class itself
+        command += ["--class", f"{cls.__module__}:{cls.__qualname__}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    start = time.monotonic()
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                          text=True, env=env, start_new_session=True) as child:
+        try:
+            out, err = child.communicate(timeout=timeout)
+            hung = False
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            out, err = child.communicate()
+            hung = True
+    seconds = time.monotonic() - start
+    messages = list(_messages(out))
+    stage = next((m["stage"] for m in reversed(messages) if "stage" in m), "")
+    result = next((m for m in reversed(messages) if "status" in m), None)
+    tail = " | ".join(line.strip() for line in err.strip().splitlines()[-3:] if line.strip())
+    common = {"backend": name, "index": index, "identity": identity, "stage": stage, "seconds": round(seconds, 2)}
+    if hung:
+        return Verdict(**common, status="hung", detail=f"no answer after {timeout:.0f} s ({TIMEOUT_VAR})")
+    if child.returncode < 0:
+        try:
+            signame = signal.Signals(-child.returncode).name
+        except ValueError:
+            signame = f"signal {-child.returncode}"
+        return Verdict(**common, status="crashed", detail=f"the child died of {signame}" + (f" ({tail})" if tail else ""))
+    if result is None:
+        return Verdict(**common, status="failed",
+                       detail=f"the child exited with code {child.returncode} without a verdict" + (f" ({tail})" if tail else ""))
+    return Verdict(**common, status=result["status"], detail=result.get("detail", ""),
+                   step_seconds=result.get("step_seconds"))
+
+
+def _messages(out: str) -> Iterator[dict[str, Any]]:
+    for line in out.splitlines():
+        if line.startswith(PREFIX):
+            with contextlib.suppress(ValueError):
+                message = json.loads(line[len(PREFIX):])
+                if isinstance(message, dict):
+                    yield message
+
+
+def cached() -> dict[str, Verdict]:
+    """Every cached verdict, by key (for ``neuroflow doctor``)."""
+    found = {}
+    for k, v in _read().items():
+        with contextlib.suppress(TypeError):
+            found[k] = Verdict(**v)
+    return found
+
+
+def forget() -> None:
+    """Drop every cached verdict: the next use of each device qualifies it again."""
+    with _locked():
+        with contextlib.suppress(FileNotFoundError):
+            (cache_dir() / CACHE_FILE).unlink()
+
+
+def _read() -> dict[str, Any]:
+    try:
+        data = json.loads((cache_dir() / CACHE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _store(k: str, found: Verdict) -> None:
+    """Add one verdict to the cache file: read, merge and replace under a lock, so that two processes
+    qualifying at once keep both verdicts (a read-only cache only costs a new child run next time)."""
+    path = cache_dir() / CACHE_FILE
+    with contextlib.suppress(OSError), _locked():
+        data = _read()
+        data[k] = asdict(found)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(path)
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    import fcntl
+
+    directory = cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / f"{CACHE_FILE}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
