@@ -76,12 +76,48 @@ def test_compression_benchmark_quick_reports_every_mode():
     assert {"dense", "topk 10 %", "threshold 5e-3", "auto 10 %"} <= modes
 
 
-def test_backends_benchmark_quick_compares_opencl_with_cpu():
+def test_backends_benchmark_quick_compares_opencl_with_cpu(tmp_path):
     pytest.importorskip("pyopencl")
-    table = markdown_tables(_run("backends.py", "--quick", "--rounds", "1", "--steps", "2", "--warmup", "1").stdout)[0]
-    rows = {row[0]: row for row in table[1:]}
+    pytest.importorskip("neuroflow_opencl")
+    from neuroflow.backends import qualification
+    from neuroflow_opencl import OpenclBackend
+
+    # the devices the benchmark must show: every qualified one (its verdicts are cached, so the run agrees)
+    qualified = [v for _, v in qualification.offered("opencl") if v.ok] if OpenclBackend.device_count() else []
+    report_file = tmp_path / "backends.json"
+    out = _run("backends.py", "--quick", "--rounds", "1", "--steps", "2", "--warmup", "1",
+               "--json", str(report_file)).stdout
+    if not qualified:  # it says why and measures nothing
+        assert out.strip() and not markdown_tables(out) and not report_file.exists()
+        pytest.skip("no OpenCL device qualified here")
+    names = [f"opencl:{i}" for i in range(len(qualified))]
+    devices, timing = markdown_tables(out)
+
+    assert devices[0] == ["contender", "device", "driver (platform version)", "vector bytes"]
+    assert [row[0] for row in devices[1:]] == names
+    for row, verdict in zip(devices[1:], qualified, strict=True):
+        assert row[1] == verdict.identity["device"]
+        assert row[2] == " ".join(verdict.identity["platform version"].split())
+        assert int(row[3]) > 0
+
+    # a column per qualified device, labelled with its driver; then each one's ratios to cpu
+    header = timing[0]
+    assert header[:2] == ["what", "cpu / numpy"] and header[-1] == "spread"
+    labels = header[2:2 + len(names)]
+    assert [label.split(" (")[0] for label in labels] == names
+    assert all(label.endswith(")") and len(label) > len(name) + 3 for label, name in zip(labels, names, strict=True))
+    assert header[2 + len(names):-1] == [f"{n}/cpu time" for n in names] + [f"{n} paired" for n in names]
+    rows = {row[0]: row for row in timing[1:]}
     assert "MLP train step (ms)" in rows and "CNN train step (ms)" in rows
-    assert all(float(rows[name][1]) > 0 and float(rows[name][2]) > 0 for name in rows)
+    for row in rows.values():
+        assert all(float(cell) > 0 for cell in row[1:2 + len(names)])
+        assert all(cell.endswith("×") and float(cell[:-1]) > 0 for cell in row[2 + len(names):-1])
+
+    report = json.loads(report_file.read_text())
+    assert report["settings"]["contenders"] == ["cpu", *names]
+    for result in report["results"]:
+        assert set(result["samples_s"]) == {"cpu", *names}
+        assert set(result["paired_ratio"]) == set(names)
 
 
 def test_gpu_benchmark_says_why_it_skips_without_a_gpu():

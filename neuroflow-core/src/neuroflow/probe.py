@@ -26,8 +26,8 @@ from neuroflow import registry
 from neuroflow.backends.qualification import PREFIX
 
 #: Relative agreement asked of float32 training against cpu over a few steps (rounding differs per kernel).
-RTOL = 2e-3
-ATOL = 1e-4
+RTOL = 2e-4
+ATOL = 1e-5
 
 
 def emit(**message: Any) -> None:

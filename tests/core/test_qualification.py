@@ -1,0 +1,289 @@
+"""Qualification: a device is used only after a child process trained on it correctly; a driver that crashes,
+hangs or computes wrong results is refused with a message that says which, and never takes the user's process.
+
+The backends here are a third party's, as a user installs one: a module and a ``.dist-info`` with a
+``neuroflow_backends`` entry point, on the path of the process (and so of its children). Each crashes on
+purpose where a driver would: its first copy to the device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from neuroflow import registry
+from neuroflow.backends import qualification
+from neuroflow.backends.selection import _instance, get_backend
+from neuroflow.errors import BackendUnavailableError
+
+PLUGIN = '''
+"""Fake third-party backends: cpu arithmetic, with the failures of a bad driver."""
+import os
+import signal
+import time
+
+import numpy as np
+
+from neuroflow.backends.cpu import CpuBackend
+
+
+def _opened(name, index):
+    marker = os.environ.get("FAKE_BACKEND_MARKERS")
+    if marker:
+        with open(os.path.join(marker, f"{name}-{index}-{os.getpid()}"), "w"):
+            pass
+
+
+class Qualified(CpuBackend):
+    needs_qualification = True
+
+    def __init__(self, index=0):
+        super().__init__(index)
+        _opened(self.name, index)
+
+
+class GoodBackend(Qualified):
+    name = "good"
+
+
+class SegvBackend(Qualified):
+    name = "segv"
+
+    def from_host(self, array):  # its first kernel launch
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class HangBackend(Qualified):
+    name = "hang"
+
+    def from_host(self, array):
+        time.sleep(3600)
+
+
+class WrongBackend(Qualified):
+    name = "wrong"
+
+    def from_host(self, array):
+        array = np.asarray(array)
+        return array * 1.01 if array.dtype.kind == "f" else array
+
+
+class BrokenBackend(Qualified):
+    name = "broken"
+
+    def __init__(self, index=0):
+        raise RuntimeError("clCreateContext failed: -6")
+
+
+class MultiBackend(Qualified):
+    """Three devices; the second one's driver crashes."""
+
+    name = "multi"
+
+    @classmethod
+    def device_count(cls):
+        return 3
+
+    @classmethod
+    def device_identity(cls, index):
+        return {"backend": cls.name, "device": f"card {index}", "platform version": f"FakeCL {index}.0"}
+
+    @classmethod
+    def driver_help(cls, index):
+        return "install FakeCL 2.0"
+
+    def from_host(self, array):
+        if self.index == 1:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return super().from_host(array)
+'''
+
+NAMES = ("good", "segv", "hang", "wrong", "broken", "multi")
+CLASSES = {"good": "GoodBackend", "segv": "SegvBackend", "hang": "HangBackend", "wrong": "WrongBackend",
+           "broken": "BrokenBackend", "multi": "MultiBackend"}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding the fake distribution, as site-packages would."""
+    root = tmp_path_factory.mktemp("site")
+    (root / "fake_backends.py").write_text(PLUGIN)
+    info = root / "fake_backends-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-backends\nVersion: 1.0\n")
+    entries = "".join(f"{name} = fake_backends:{cls}\n" for name, cls in CLASSES.items())
+    (info / "entry_points.txt").write_text(f"[neuroflow_backends]\n{entries}")
+    return root
+
+
+@pytest.fixture
+def plugins(site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The fake backends registered in this process (their children import them), a fresh cache."""
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("NEUROFLOW_CACHE_DIR", str(tmp_path / "cache"))
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    monkeypatch.setenv("FAKE_BACKEND_MARKERS", str(markers))
+    import fake_backends
+
+    for name, cls in CLASSES.items():
+        registry.backends.register(name, getattr(fake_backends, cls))
+    _instance.cache_clear()
+    yield markers
+    for name in NAMES:
+        registry.backends.unregister(name)
+    _instance.cache_clear()
+
+
+def opened_here(markers: Path) -> list[str]:
+    """The fake devices this process opened (the children open theirs in their own processes)."""
+    return sorted(p.name.rsplit("-", 1)[0] for p in markers.iterdir() if p.name.endswith(f"-{os.getpid()}"))
+
+
+def test_a_backend_that_passes_is_used_and_its_verdict_cached(plugins: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = get_backend("good")
+    assert backend.device == "good:0" and opened_here(plugins) == ["good-0"]
+    verdict = qualification.verdict("good", 0)
+    assert verdict.ok and verdict.stage == "train mlp adam" and verdict.seconds > 0
+
+    def no_child(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a cached verdict ran the child again")
+
+    monkeypatch.setattr(qualification, "run_child", no_child)
+    _instance.cache_clear()
+    assert get_backend("good").device == "good:0"
+
+
+def test_a_driver_that_crashes_is_refused_and_this_process_lives(plugins: Path) -> None:
+    with pytest.raises(BackendUnavailableError) as info:
+        get_backend("segv")
+    message = str(info.value)
+    assert "there is no segv device 0 that qualified (0 of 1 did)" in message
+    assert "crashed in stage 'train mlp sgd': the child died of SIGSEGV" in message
+    assert "neuroflow doctor" in message
+    assert opened_here(plugins) == []  # refused: never opened in the user's process
+    cached = json.loads((qualification.cache_dir() / qualification.CACHE_FILE).read_text())
+    assert [v["status"] for v in cached.values()] == ["crashed"]
+
+
+def test_a_driver_that_hangs_is_killed_after_the_timeout(plugins: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(qualification.TIMEOUT_VAR, "4")
+    verdict = qualification.verdict("hang", 0)
+    assert verdict.status == "hung" and verdict.stage == "train mlp sgd"
+    assert "no answer after 4 s" in verdict.explain() and verdict.seconds < 30
+    with pytest.raises(BackendUnavailableError, match="hung in stage 'train mlp sgd'"):
+        get_backend("hang")
+
+
+def test_a_driver_that_computes_wrong_results_is_refused(plugins: Path) -> None:
+    with pytest.raises(BackendUnavailableError, match=r"wrong in stage 'train mlp sgd': training an MLP with sgd: "
+                                                      r"loss .* at step \d, cpu gives"):
+        get_backend("wrong")
+
+
+def test_a_device_that_cannot_open_says_why(plugins: Path) -> None:
+    with pytest.raises(BackendUnavailableError,
+                       match=r"failed in stage 'open device': RuntimeError: clCreateContext failed: -6"):
+        get_backend("broken")
+
+
+def test_names_count_the_qualified_devices_only(plugins: Path) -> None:
+    """card 1 crashes: multi:0 is card 0, multi:1 is card 2, multi:2 names the refused one and its help."""
+    assert get_backend("multi:0").index == 0
+    second = get_backend("multi:1")
+    assert second.index == 2 and second.device == "multi:1"
+    with pytest.raises(BackendUnavailableError) as info:
+        get_backend("multi:2")
+    message = str(info.value)
+    assert "found multi:0 = card 0 (FakeCL 0.0), multi:1 = card 2 (FakeCL 2.0)" in message
+    assert "refused: card 1 (FakeCL 1.0): crashed" in message and "install FakeCL 2.0" in message
+    assert opened_here(plugins) == ["multi-0", "multi-2"]
+
+
+def test_two_processes_qualifying_at_once_keep_both_verdicts(plugins: Path) -> None:
+    threads = [threading.Thread(target=qualification.verdict, args=(name, 0)) for name in ("good", "wrong")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    statuses = sorted(v.status for v in qualification.cached().values())
+    assert statuses == ["ok", "wrong"]
+
+
+def test_a_new_source_of_the_backend_is_qualified_again(plugins: Path, site: Path) -> None:
+    import fake_backends
+
+    before = qualification.key(fake_backends.GoodBackend, 0)
+    path = site / "fake_backends.py"
+    original = path.read_text()
+    try:
+        path.write_text(original + "\n# a kernel changed\n")
+        qualification._package_hash.cache_clear()
+        assert qualification.key(fake_backends.GoodBackend, 0) != before
+    finally:
+        path.write_text(original)
+        qualification._package_hash.cache_clear()
+
+
+def test_requalify_forgets_every_verdict(plugins: Path) -> None:
+    qualification.verdict("wrong", 0)
+    assert qualification.cached()
+    from neuroflow.cli.main import main
+
+    qualification.forget()
+    assert not qualification.cached()
+    assert main(["doctor", "--requalify"]) == 0
+
+
+def _run(site: Path, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path]),
+                   "NEUROFLOW_CACHE_DIR": str(tmp_path / "cache"), **(env or {})}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=environment, timeout=900)
+
+
+TRAIN = textwrap.dedent("""
+    import numpy as np
+    import neuroflow as nf
+    x = np.random.default_rng(0).standard_normal((64, 20)).astype(np.float32)
+    y = np.arange(64) % 3
+    trainer = nf.Trainer(nf.Sequential(nf.ops.Linear(20, 3)), progress=False, batch_size=32)
+    losses = [trainer.train_step(x, y) for _ in range(3)]
+    assert losses[-1] < losses[0]
+    import os
+    print("process", os.getpid())
+    print("trained on", trainer.backend.name)
+""")
+
+
+def test_auto_never_runs_a_crashing_plugin_in_the_users_process(site: Path, tmp_path: Path) -> None:
+    """The done-means: a third-party backend whose first launch raises SIGSEGV leaves NEUROFLOW_BACKEND=auto
+    training (on cpu, or on a real backend that beat it), and doctor shows it as crashed."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    env = {"NEUROFLOW_BACKEND": "auto", "FAKE_BACKEND_MARKERS": str(markers), "NEUROFLOW_QUALIFY_TIMEOUT": "20"}
+    trained = _run(site, tmp_path, "-c", TRAIN, env=env)
+    assert trained.returncode == 0, trained.stderr
+    chosen = trained.stdout.split("trained on ")[-1].strip()
+    assert chosen not in NAMES or chosen == "good"
+    record = json.loads((tmp_path / "cache" / "backend-choice.json").read_text())
+    assert record["choice"] == chosen
+    assert "crashed" in record["failures"]["segv"] and "SIGSEGV" in record["failures"]["segv"]
+    assert "hung" in record["failures"]["hang"] and "wrong" in record["failures"]["wrong"]
+    user = trained.stdout.split("process ")[1].split()[0]  # the user's process opened the chosen backend only
+    assert [p.name for p in markers.iterdir() if p.name.endswith(f"-{user}")] == (
+        [f"{chosen}-0-{user}"] if chosen == "good" else [])
+    assert any(p.name.startswith("segv-0-") for p in markers.iterdir())  # its child did open it
+    doctor = _run(site, tmp_path, "-m", "neuroflow.cli.main", "doctor", env={"FAKE_BACKEND_MARKERS": str(markers)})
+    assert doctor.returncode == 0, doctor.stderr
+    lines = {line.split()[0]: line for line in doctor.stdout.splitlines() if line.startswith("  ") and line.split()}
+    assert "crashed in stage 'train mlp sgd': the child died of SIGSEGV" in lines["segv"]
+    assert "fake-backends 1.0" in lines["segv"]
+    assert "segv not chosen" in lines["auto"]
+    assert "qualified (" in lines["good:0"]
