@@ -17,6 +17,12 @@ $(STAMP): $(DISTS) $(OP_EXAMPLE)/pyproject.toml requirements-dev.txt
 		(apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 || \
 		 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1)) || \
 		echo "note: dataset-fashion-mnist not installed; Fashion-MNIST tests will skip")
+	@# A second real OpenCL driver beside the wheel's pocl (PoCL 3.0, LLVM 14): Debian's pocl-opencl-icd (a newer
+	@# LLVM); the opencl tests run on every driver found, and pass with the wheel's alone where it cannot be installed
+	@test -e /etc/OpenCL/vendors/pocl.icd || (command -v apt-get >/dev/null && \
+		(apt-get install -y -q pocl-opencl-icd >/dev/null 2>&1 || \
+		 (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q pocl-opencl-icd >/dev/null 2>&1)) || \
+		echo "note: pocl-opencl-icd not installed; the opencl tests run on the wheel's pocl alone")
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-dev.txt

@@ -3,7 +3,7 @@
 The kernel is chosen per call from the layout (sources in ``gemm_source``):
 
 - on GPUs, ``tiled`` (local-memory tiles) for every layout;
-- on CPUs (pocl), ``rows`` — 8×32 of C in vector registers (8×16 when N < 32), k-blocked when deep — whenever B's rows or A's columns
+- on CPUs (pocl), ``rows`` — 8×32 of C in vector registers (8×16 when N < 32; 4 rows with 32-byte vectors), k-blocked when deep — whenever B's rows or A's columns
   are contiguous (the latter by computing Cᵀ = Bᵀ Aᵀ, which only swaps strides); when neither is (x @ W.T),
   B is first copied dense, one extra launch that costs far less than the slower kernels measured here
   (``dots`` along k ran at ~10 GFLOP/s against ~25 for ``rows``); the small leftovers (N < 4) use
@@ -41,6 +41,10 @@ K_BLOCK = 128
 # slices, and the MLP's first layer (64×128×784, B 392 KiB) ran 157 -> 128 µs without them.
 K_BLOCK_ABOVE_BYTES = 1 << 20
 BLOCKED_GROUP = (2, 4)
+# Rows of C per work item of ``rows``, by vector width: 2 vectors a row keep half the vector registers in
+# accumulators (16 of AVX-512's 32; 8 of AVX2's 16). Measured with the wheel's pocl on AMD Zen 4 (32-byte
+# vectors), SGEMM 256x256x256 ran at 38 GFLOP/s with 8 rows (the accumulators spill), 137 with 4.
+ROWS = {64: 8, 32: 4}
 DEEP_FOR_COPY = 512  # products at least this deep may compute C transposed and copy it (see _transpose)
 
 
@@ -296,7 +300,7 @@ def _launch(variant: str, a_layout: tuple[int, int, tuple[int, ...]], b_layout: 
         lanes = device.vector_bytes // out_dtype.itemsize  # one vector register (AVX-512's where there is one)
         k_block = 0
         if variant == "rows":
-            rows = min(8, m)  # whole row blocks only: a GEMV (one row) computes one row, not eight
+            rows = min(ROWS.get(device.vector_bytes, 8), m)  # whole row blocks only: a GEMV (one row) computes one row, not eight
             width = next(w for w in (lanes, 8, 4) if w <= n)
             vectors = 2 if n >= 2 * width else 1  # 8 × 2 accumulators: half of AVX-512's 32 registers
             k_block = K_BLOCK if k > K_BLOCK and k * n * b_dtype.itemsize > K_BLOCK_ABOVE_BYTES else 0
