@@ -49,6 +49,13 @@ class Backend:
     #: (``neuroflow.backends.qualification``): every device plugin, unless it runs nothing but numpy.
     needs_qualification: ClassVar[bool] = True
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass is qualified unless it says otherwise itself: a plugin deriving from ``CpuBackend`` to
+        reuse its copies still runs code of its own."""
+        super().__init_subclass__(**kwargs)
+        if "needs_qualification" not in cls.__dict__:
+            cls.needs_qualification = True
+
     @classmethod
     def device_identity(cls, index: int) -> dict[str, str]:
         """What names device ``index`` and the driver that runs it, read without running anything on it:
