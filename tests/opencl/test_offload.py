@@ -40,7 +40,7 @@ def test_free_bytes_falls_as_buffers_are_held(backend):
     assert backend.free_bytes() <= backend.cl_device.facts.global_mem_bytes
 
 
-def test_training_with_unloads_matches_training_without(monkeypatch):
+def test_training_with_unloads_matches_training_without(backend, monkeypatch):
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((64, 8)).astype(np.float32), rng.integers(0, 3, 64)
 

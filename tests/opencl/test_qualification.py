@@ -50,3 +50,23 @@ def test_no_builtin_call_is_made_on_a_vector_the_target_splits(backend) -> None:
     assert "convert_" not in same and "NF_LOAD_float16(b + p * b_sk + 0)" in same
     mixed = dots_source(f64, f32, f64, (True,) * 6, 4, 4, 8)
     assert "convert_double8(NF_LOAD_float8(" in mixed and "convert_double8(NF_LOAD_double8" not in mixed
+
+
+def test_a_driver_crash_is_caught_in_the_child_with_its_stage(backend, tmp_path, monkeypatch) -> None:
+    """On a device whose compiler targets no AVX-512 (the wheel's pocl on AMD Zen 4), forcing 64-byte vectors
+    brings back the LLVM 14 crash this project hit: the child dies of a signal in a named stage, the device is
+    refused with the driver's name, and this process goes on."""
+    device = backend.cl_device
+    features = device.target_features()
+    if not (features & 1 and not features & 4):
+        pytest.skip(f"{device.facts.name} compiles for AVX-512: 64-byte vectors are its own width")
+    from neuroflow.backends import qualification
+
+    monkeypatch.setenv("NEUROFLOW_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NEUROFLOW_OPENCL_VECTOR_BYTES", "64")
+    verdict = qualification.verdict("opencl", device.index)
+    if verdict.ok:
+        pytest.skip(f"{verdict.device} now compiles 64-byte builtin calls: the crash is gone from this driver")
+    assert verdict.status == "crashed" and "the child died of SIG" in verdict.detail
+    assert verdict.stage.startswith(("gemm", "transpose", "elementwise", "reductions", "train mlp"))
+    assert verdict.identity["vector bytes"] == "64" and "LLVM" in verdict.device

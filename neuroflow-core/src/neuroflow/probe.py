@@ -12,6 +12,7 @@ and the final weights against the cpu backend, and with ``--time`` times that ma
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import json
 import statistics
@@ -92,7 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time", type=int, default=0, metavar="STEPS", help="also time this many training steps")
     parser.add_argument("--class", dest="cls", metavar="MODULE:NAME",
                         help="the backend class, for one registered at run time rather than by entry point")
+    parser.add_argument("--deadline", type=float, default=0, metavar="SECONDS",
+                        help="end this process after SECONDS, stuck in a driver or not (0: never)")
     args = parser.parse_args(argv)
+    faulthandler.enable()  # a crash prints the Python stack to stderr, which the parent quotes
+    if args.deadline > 0:
+        faulthandler.dump_traceback_later(args.deadline, exit=True)
     try:
         stage("load")
         if args.cls:

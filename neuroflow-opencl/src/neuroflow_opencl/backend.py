@@ -10,7 +10,7 @@ import numpy as np
 from neuroflow.backends.base import Backend
 from neuroflow_opencl import fused
 from neuroflow_opencl.array import ClArray, is_array
-from neuroflow_opencl.device import DRIVER_HELP, NO_PLATFORM_HELP, Device, all_devices
+from neuroflow_opencl.device import DRIVER_HELP, NO_PLATFORM_HELP, Device, all_devices, forced_vector_bytes
 from neuroflow_opencl.offload import Offloader, Unloaded
 from neuroflow_opencl.transfer import from_host, start_to_host, to_host
 
@@ -58,7 +58,8 @@ class OpenclBackend(Backend):
         device = all_devices()[index]
         return {"backend": cls.name, "platform": device.platform.name.strip(),
                 "platform version": device.platform.version.strip(), "device": device.name.strip(),
-                "device version": device.version.strip(), "driver": device.driver_version.strip()}
+                "device version": device.version.strip(), "driver": device.driver_version.strip(),
+                "vector bytes": str(forced_vector_bytes() or "from the compiler target")}
 
     @classmethod
     def driver_help(cls, index: int) -> str:

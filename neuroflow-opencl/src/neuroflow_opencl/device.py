@@ -9,6 +9,7 @@ additionally keeps the binaries in its on-disk cache between runs.
 from __future__ import annotations
 
 import collections
+import os
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -111,6 +112,20 @@ def facts(device: Any, index: int) -> DeviceFacts:
     )
 
 
+#: Forces ``Device.vector_bytes`` (32 or 64) on every device, to measure or to check a driver with it.
+VECTOR_BYTES_VAR = "NEUROFLOW_OPENCL_VECTOR_BYTES"
+
+
+def forced_vector_bytes() -> int | None:
+    """The width ``NEUROFLOW_OPENCL_VECTOR_BYTES`` forces, or None to follow the device's compiler target."""
+    value = os.environ.get(VECTOR_BYTES_VAR)
+    if not value:
+        return None
+    if value not in ("32", "64"):
+        raise ValueError(f"{VECTOR_BYTES_VAR}={value!r}; expected 32 or 64 (bytes of a vector register), or unset")
+    return int(value)
+
+
 class Device:
     """One OpenCL device with its context, compute queue, copy queue and program cache."""
 
@@ -157,9 +172,12 @@ class Device:
         """
         width = self.__dict__.get("_vector_bytes")
         if width is None:
-            features = self.target_features()
-            narrow = features & 1 and not features & 4
-            width = self._vector_bytes = NARROW_VECTOR_BYTES if narrow else VECTOR_BYTES
+            width = forced_vector_bytes()
+            if width is None:
+                features = self.target_features()
+                narrow = features & 1 and not features & 4
+                width = NARROW_VECTOR_BYTES if narrow else VECTOR_BYTES
+            self._vector_bytes = width
         return width
 
     def target_features(self) -> int:

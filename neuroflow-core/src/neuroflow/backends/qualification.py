@@ -170,10 +170,13 @@ def run_child(name: str, index: int, *, time_steps: int = 0, timeout: float | No
     identity = cls.device_identity(index)
     if timeout is None:
         timeout = float(os.environ.get(TIMEOUT_VAR) or DEFAULT_TIMEOUT)
-    command = [sys.executable, "-m", "neuroflow.probe", name, str(index), "--time", str(time_steps)]
+    # The child also ends itself a little after the timeout, should this process die without killing it.
+    command = [sys.executable, "-m", "neuroflow.probe", name, str(index), "--time", str(time_steps),
+               "--deadline", str(timeout + 30)]
     if registry.backends.registered_at_run_time(name):  # the child imports the class itself
         command += ["--class", f"{cls.__module__}:{cls.__qualname__}"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env.pop("NEUROFLOW_BACKEND", None)  # the child opens the device it is given, and cpu; nothing it chooses
     start = time.monotonic()
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                           text=True, env=env, start_new_session=True) as child:
@@ -181,15 +184,17 @@ def run_child(name: str, index: int, *, time_steps: int = 0, timeout: float | No
             out, err = child.communicate(timeout=timeout)
             hung = False
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
+            _kill(child)
             out, err = child.communicate()
             hung = True
+        except BaseException:  # Ctrl-C here must not wait for the child to finish
+            _kill(child)
+            raise
     seconds = time.monotonic() - start
     messages = list(_messages(out))
     stage = next((m["stage"] for m in reversed(messages) if "stage" in m), "")
     result = next((m for m in reversed(messages) if "status" in m), None)
-    tail = " | ".join(line.strip() for line in err.strip().splitlines()[-3:] if line.strip())
+    tail = _last_words(err)
     common = {"backend": name, "index": index, "identity": identity, "stage": stage, "seconds": round(seconds, 2)}
     if hung:
         return Verdict(**common, status="hung", detail=f"no answer after {timeout:.0f} s ({TIMEOUT_VAR})")
@@ -204,6 +209,26 @@ def run_child(name: str, index: int, *, time_steps: int = 0, timeout: float | No
                        detail=f"the child exited with code {child.returncode} without a verdict" + (f" ({tail})" if tail else ""))
     return Verdict(**common, status=result["status"], detail=result.get("detail", ""),
                    step_seconds=result.get("step_seconds"))
+
+
+def _last_words(err: str) -> str:
+    """What the child's stderr says about its end: faulthandler's fatal error and the innermost Python frame
+    of the thread that crashed (the child enables it), else its last lines."""
+    lines = [line.strip() for line in err.splitlines() if line.strip()]
+    fatal = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), None)
+    if fatal is None:
+        return " | ".join(lines[-3:])
+    frame = next((line for line in lines[fatal + 1:] if line.startswith("File ")), "")
+    return lines[fatal] + (f", at {frame}" if frame else "")
+
+
+def _kill(child: subprocess.Popen[str]) -> None:
+    """End the child and whatever it started (pocl's compiler, say): its whole process group where there is one."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if hasattr(os, "killpg"):
+            os.killpg(child.pid, signal.SIGKILL)
+        else:
+            child.kill()
 
 
 def _messages(out: str) -> Iterator[dict[str, Any]]:
@@ -253,10 +278,15 @@ def _store(k: str, found: Verdict) -> None:
 
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
-    import fcntl
-
+    """An exclusive lock on the cache file's lock file (where the platform has ``flock``; elsewhere the
+    atomic replace alone, at worst losing one of two verdicts written at once: a child run next time)."""
     directory = cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
     with open(directory / f"{CACHE_FILE}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
