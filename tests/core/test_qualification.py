@@ -128,6 +128,7 @@ def plugins(site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The fake backends registered in this process (their children import them), a fresh cache."""
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("NEUROFLOW_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv(qualification.TIMEOUT_VAR, "30")  # "hang" is qualified by doctor too: bound its wait
     markers = tmp_path / "markers"
     markers.mkdir()
     monkeypatch.setenv("FAKE_BACKEND_MARKERS", str(markers))
@@ -232,14 +233,22 @@ def test_a_new_source_of_the_backend_is_qualified_again(plugins: Path, site: Pat
         qualification._package_hash.cache_clear()
 
 
-def test_requalify_forgets_every_verdict(plugins: Path) -> None:
-    qualification.verdict("wrong", 0)
-    assert qualification.cached()
+def test_requalify_forgets_every_verdict(plugins: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
     from neuroflow.cli.main import main
 
+    monkeypatch.setenv(qualification.TIMEOUT_VAR, "4")
+    first = qualification.verdict("good", 0)
+    assert main(["doctor"]) == 0
+    assert qualification.verdict("good", 0) == first  # doctor read the cache: no second run
+    out = capsys.readouterr().out
+    assert "hung in stage 'train mlp sgd': no answer after 4 s" in out and "multi:1" in out
     qualification.forget()
     assert not qualification.cached()
+    monkeypatch.setattr(qualification, "run_child", lambda name, index: qualification.Verdict(
+        name, index, {}, "failed", "requalified"))
     assert main(["doctor", "--requalify"]) == 0
+    assert "failed: requalified" in capsys.readouterr().out
 
 
 def _run(site: Path, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

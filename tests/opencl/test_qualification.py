@@ -39,7 +39,7 @@ def test_vectors_are_as_wide_as_the_compiler_target_allows(backend) -> None:
     assert device.vector_bytes == expected
 
 
-def test_no_builtin_call_is_made_on_a_vector_the_target_splits(backend) -> None:
+def test_no_builtin_call_is_made_on_a_vector_the_target_splits() -> None:
     """The GEMM's loads of its own dtype are used as they are (an identity ``convert_float16`` was the call
     LLVM 14 crashed on); another dtype is converted."""
     from neuroflow_opencl.gemm_source import dots_source, rows_source

@@ -132,9 +132,15 @@ def remember(cls: type, index: int, found: Verdict) -> None:
 
 
 def offered(name: str) -> list[tuple[int, Verdict]]:
-    """(raw index, verdict) of every device of backend ``name`` (qualifying those not yet qualified)."""
-    cls = registry.backends.get(name)
-    return [(i, verdict(name, i)) for i in range(cls.device_count())]
+    """(raw index, verdict) of every device of backend ``name``, qualifying those not yet qualified, their
+    children side by side (an iGPU's and a CPU driver's first compiles then overlap)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    count = registry.backends.get(name).device_count()
+    if count <= 1:
+        return [(i, verdict(name, i)) for i in range(count)]
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        return list(enumerate(pool.map(lambda i: verdict(name, i), range(count))))
 
 
 def resolve(name: str, index: int) -> int:
