@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+import neuroflow as nf
 from neuroflow import registry
 from neuroflow.backends.qualification import PREFIX
 
@@ -40,8 +41,6 @@ def stage(name: str) -> None:
 
 
 def _trainer(optimizer: Callable[[], Any], device: Any) -> Any:
-    import neuroflow as nf
-
     nf.manual_seed(0)  # the same initial weights on every device
     model = nf.Sequential(nf.ops.Linear(784, 128), nf.ops.ReLU(), nf.ops.Linear(128, 10))
     return nf.Trainer(model, optimizer=optimizer(), device=device, batch_size=64, progress=False, seed=0)
@@ -49,8 +48,6 @@ def _trainer(optimizer: Callable[[], Any], device: Any) -> Any:
 
 def check_training(backend: Any, report: Callable[[str], None]) -> None:
     """A few steps of an MLP with each optimizer on ``backend`` and on cpu agree (losses and weights)."""
-    import neuroflow as nf
-
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 784)).astype(np.float32)
     y = rng.integers(0, 10, 64)
@@ -70,8 +67,6 @@ def check_training(backend: Any, report: Callable[[str], None]) -> None:
 
 def time_steps(backend: Any, steps: int) -> float:
     """Median seconds of one training step (MLP 784-128-10, batch 64, SGD) after warm-up."""
-    import neuroflow as nf
-
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 784)).astype(np.float32)
     y = rng.integers(0, 10, 64)

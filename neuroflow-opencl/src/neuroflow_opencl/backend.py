@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from neuroflow.backends.base import Backend
-from neuroflow_opencl import fused
+from neuroflow_opencl import fused, selftest
 from neuroflow_opencl.array import ClArray, is_array
 from neuroflow_opencl.device import DRIVER_HELP, NO_PLATFORM_HELP, Device, all_devices, forced_vector_bytes
 from neuroflow_opencl.offload import Offloader, Unloaded
@@ -66,8 +66,6 @@ class OpenclBackend(Backend):
         return DRIVER_HELP
 
     def self_test(self, report: Callable[[str], None]) -> None:
-        from neuroflow_opencl import selftest
-
         selftest.run(self, report)
 
     def describe(self) -> dict[str, str]:

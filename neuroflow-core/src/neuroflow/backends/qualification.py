@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from importlib import metadata
@@ -134,8 +135,6 @@ def remember(cls: type, index: int, found: Verdict) -> None:
 def offered(name: str) -> list[tuple[int, Verdict]]:
     """(raw index, verdict) of every device of backend ``name``, qualifying those not yet qualified, their
     children side by side (an iGPU's and a CPU driver's first compiles then overlap)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     count = registry.backends.get(name).device_count()
     if count <= 1:
         return [(i, verdict(name, i)) for i in range(count)]
