@@ -6,6 +6,7 @@ import os
 from functools import cache
 
 from neuroflow import registry
+from neuroflow.backends.auto import choose
 from neuroflow.backends.base import Backend
 from neuroflow.backends.qualification import resolve
 from neuroflow.errors import BackendUnavailableError, ConfigError
@@ -60,8 +61,6 @@ def get_backend(spec: str | Backend | None = None) -> Backend:
 
         chosen = plugin_manager().hook.neuroflow_select_backend(available=available_backends())
         if chosen is None:
-            from neuroflow.backends.auto import choose
-
             chosen, _ = choose(available_backends())
         name = chosen
     return _instance(name, index)
