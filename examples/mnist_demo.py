@@ -58,6 +58,8 @@ def main() -> None:
         seed=0,
         augment=augment,
     )
+    facts = trainer.backend.describe()
+    print(f"device: {trainer.backend.device} ({facts.get('device', '')}{'; ' + facts['driver'] if 'driver' in facts else ''})")
     print(nf.memory.profile(model, (args.batch_size, *train.x.shape[1:]), trainer.loss, trainer.optimizer))
     start = time.perf_counter()
     trainer.fit(train, epochs=epochs, val_data=test)

@@ -71,7 +71,7 @@ class OpenclBackend(Backend):
     def describe(self) -> dict[str, str]:
         f = self.cl_device.facts
         return {
-            "device": f.name, "platform": f.platform, "type": f.kind, "opencl": f.version,
+            "device": f.name, "platform": f.platform, "driver": f.driver, "type": f.kind, "opencl": f.version,
             "memory_mib": str(f.global_mem_bytes >> 20), "compute_units": str(f.compute_units),
             "fp64": "yes" if f.fp64 else "no", "vectors": f"{self.cl_device.vector_bytes} bytes",
         }

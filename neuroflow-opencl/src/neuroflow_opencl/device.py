@@ -93,6 +93,7 @@ class DeviceFacts:
     index: int
     name: str
     platform: str
+    driver: str  # the platform's version string: names the driver release (and pocl's LLVM)
     kind: str
     version: str
     global_mem_bytes: int
@@ -105,7 +106,8 @@ def facts(device: Any, index: int) -> DeviceFacts:
     cl = _pyopencl()
     kind = "gpu" if device.type & cl.device_type.GPU else "cpu" if device.type & cl.device_type.CPU else "other"
     return DeviceFacts(
-        index=index, name=device.name.strip(), platform=device.platform.name.strip(), kind=kind,
+        index=index, name=device.name.strip(), platform=device.platform.name.strip(),
+        driver=" ".join(device.platform.version.split()), kind=kind,
         version=device.version.strip(), global_mem_bytes=int(device.global_mem_size),
         max_alloc_bytes=int(device.max_mem_alloc_size), compute_units=int(device.max_compute_units),
         fp64="cl_khr_fp64" in device.extensions or bool(device.double_fp_config),
