@@ -296,3 +296,32 @@ def test_auto_never_runs_a_crashing_plugin_in_the_users_process(site: Path, tmp_
     assert "fake-backends 1.0" in lines["segv"]
     assert "segv not chosen" in lines["auto"]
     assert "qualified (" in lines["good:0"]
+
+
+def test_a_backend_defined_in_main_is_refused_with_what_to_do(plugins: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from neuroflow.backends.cpu import CpuBackend
+
+    class Mine(CpuBackend):
+        name = "mine"
+
+    Mine.__module__ = "__main__"  # as a class written in a script or a notebook
+    registry.backends.register("mine", Mine)
+    try:
+        with pytest.raises(BackendUnavailableError, match=r"failed: Mine is defined in __main__, which a child "
+                                                          r"process cannot import.*needs_qualification = False"):
+            get_backend("mine")
+        Mine.needs_qualification = False  # the escape hatch the message names
+        _instance.cache_clear()
+        assert get_backend("mine").device == "mine:0"
+    finally:
+        registry.backends.unregister("mine")
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "0", "inf"])
+def test_a_bad_timeout_says_what_it_expects(plugins: Path, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    from neuroflow.errors import ConfigError
+
+    monkeypatch.setenv(qualification.TIMEOUT_VAR, value)
+    with pytest.raises(ConfigError, match=rf"NEUROFLOW_QUALIFY_TIMEOUT='{value}'; expected the seconds .* a "
+                                          r"positive number \(default 600\)"):
+        qualification.run_child("good", 0)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from neuroflow import registry
-from neuroflow.errors import BackendUnavailableError
+from neuroflow.errors import BackendUnavailableError, ConfigError
 
 CACHE_FILE = "qualification.json"
 #: Seconds the child may take (cold driver caches compile every kernel); past it the device is "hung".
@@ -174,7 +174,12 @@ def run_child(name: str, index: int, *, time_steps: int = 0, timeout: float | No
     cls = registry.backends.get(name)
     identity = cls.device_identity(index)
     if timeout is None:
-        timeout = float(os.environ.get(TIMEOUT_VAR) or DEFAULT_TIMEOUT)
+        timeout = configured_timeout()
+    if registry.backends.registered_at_run_time(name) and cls.__module__ == "__main__":
+        return Verdict(name, index, identity, "failed", (
+            f"{cls.__name__} is defined in __main__, which a child process cannot import, so its devices "
+            "cannot be qualified: define the class in a module of its own (my_backend.py) and register it "
+            "from there, or, to run it unchecked in this process, set needs_qualification = False on it"))
     # The child also ends itself a little after the timeout, should this process die without killing it.
     command = [sys.executable, "-m", "neuroflow.probe", name, str(index), "--time", str(time_steps),
                "--deadline", str(timeout + 30)]
@@ -214,6 +219,21 @@ def run_child(name: str, index: int, *, time_steps: int = 0, timeout: float | No
                        detail=f"the child exited with code {child.returncode} without a verdict" + (f" ({tail})" if tail else ""))
     return Verdict(**common, status=result["status"], detail=result.get("detail", ""),
                    step_seconds=result.get("step_seconds"))
+
+
+def configured_timeout() -> float:
+    """``NEUROFLOW_QUALIFY_TIMEOUT`` in seconds (a positive number), else ``DEFAULT_TIMEOUT``."""
+    value = os.environ.get(TIMEOUT_VAR)
+    if not value:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ConfigError(f"{TIMEOUT_VAR}={value!r}; expected the seconds a qualification child may take, a "
+                          f"positive number (default {DEFAULT_TIMEOUT:.0f})")
+    return seconds
 
 
 def _last_words(err: str) -> str:
