@@ -12,9 +12,12 @@ and the final weights against the cpu backend, and with ``--time`` times that ma
 from __future__ import annotations
 
 import argparse
+import ctypes
 import faulthandler
 import importlib
 import json
+import os
+import signal
 import statistics
 import sys
 import time
@@ -81,6 +84,21 @@ def time_steps(backend: Any, steps: int) -> float:
     return statistics.median(times)
 
 
+def _die_with_parent() -> None:
+    """On Linux, have the kernel kill this process when the parent that started it dies (kill -9, Ctrl-C
+    while it waits): the child runs in a session of its own, so its parent's process group is not its own."""
+    if not sys.platform.startswith("linux"):
+        return  # elsewhere --deadline bounds an orphan
+    parent = os.getppid()
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request was made
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m neuroflow.probe", description=__doc__.splitlines()[0])
     parser.add_argument("backend")
@@ -91,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=0, metavar="SECONDS",
                         help="end this process after SECONDS, stuck in a driver or not (0: never)")
     args = parser.parse_args(argv)
+    _die_with_parent()
     faulthandler.enable()  # a crash prints the Python stack to stderr, which the parent quotes
     if args.deadline > 0:
         faulthandler.dump_traceback_later(args.deadline, exit=True)

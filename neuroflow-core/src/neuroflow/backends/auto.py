@@ -17,6 +17,7 @@ and a plugin's ``neuroflow_select_backend`` answer wins over the measurement.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -29,10 +30,11 @@ from typing import Any
 
 from neuroflow import registry
 from neuroflow.backends import qualification
+from neuroflow.errors import ConfigError
 
 #: A backend must be this much faster than cpu to be chosen: timing noise must not flip the choice.
 MARGIN = 0.9
-CACHE_FILE = "backend-choice.json"
+CACHE_FILE = qualification.AUTO_CHOICE_FILE
 
 
 def cache_path() -> Path:
@@ -40,7 +42,8 @@ def cache_path() -> Path:
 
 
 def fingerprint(names: list[str]) -> str:
-    """What the choice depends on: this host, its CPUs and the installed backends' distributions."""
+    """What the choice depends on: this host, its CPUs, the installed backends' distributions and their
+    devices as qualification knows them (a new driver is measured again)."""
     versions = []
     for name in sorted(names):
         dist = registry.backends.distribution(name)
@@ -48,6 +51,10 @@ def fingerprint(names: list[str]) -> str:
             versions.append(f"{name}={metadata.version(dist) if dist else '?'}")
         except metadata.PackageNotFoundError:
             versions.append(f"{name}=?")
+        cls = registry.backends.get(name)
+        if cls.needs_qualification:
+            with contextlib.suppress(Exception):  # a backend that cannot list its devices is measured as it is
+                versions += [qualification.key(cls, i) for i in range(cls.device_count())]
     return "|".join([platform.node(), platform.machine(), str(os.cpu_count()), sys.version.split()[0], *versions])
 
 
@@ -94,6 +101,8 @@ def choose(available: list[str], timer: Callable[[str], float] | None = None) ->
     for name in ["cpu", *(n for n in runnable if n != "cpu")]:
         try:
             timings[name] = timer(name)
+        except ConfigError:  # the user's setting (a bad timeout), not the backend: say so, choose nothing
+            raise
         except Exception as exc:  # a backend that cannot train this workload is not a candidate
             failures[name] = f"{type(exc).__name__}: {exc}"
     choice = "cpu"
@@ -104,7 +113,8 @@ def choose(available: list[str], timer: Callable[[str], float] | None = None) ->
         break
     record = {"fingerprint": key, "choice": choice, "step_seconds": timings, "failures": failures,
               "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    _write(path, record)
+    if "cpu" in timings:  # without the baseline nothing was compared: measure again next time
+        _write(path, record)
     return choice, record
 
 

@@ -20,6 +20,8 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,9 +35,11 @@ from neuroflow import registry
 from neuroflow.errors import BackendUnavailableError, ConfigError
 
 CACHE_FILE = "qualification.json"
+AUTO_CHOICE_FILE = "backend-choice.json"  # auto.CACHE_FILE: ``forget`` drops it with the verdicts
 #: Seconds the child may take (cold driver caches compile every kernel); past it the device is "hung".
 TIMEOUT_VAR = "NEUROFLOW_QUALIFY_TIMEOUT"
 DEFAULT_TIMEOUT = 600.0
+MAX_TIMEOUT = 86400.0
 #: The child's protocol lines on stdout start with this (anything else a plugin prints is ignored).
 PREFIX = "NEUROFLOW-PROBE "
 #: The statuses of a refused device.
@@ -61,7 +65,27 @@ class Verdict:
     stage: str = ""
     seconds: float = 0.0
     step_seconds: float | None = None
+    timeout: float = 0.0  # the bound a "hung" verdict was found under: a longer one tries again
     checked_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S"))
+
+    @classmethod
+    def from_record(cls, record: Any) -> Verdict | None:
+        """The verdict a cache entry holds, or None for anything that is not one (a hand-edited or foreign file
+        is read as no verdict: the device is qualified again)."""
+        if not isinstance(record, dict):
+            return None
+        try:
+            found = cls(**record)
+        except TypeError:
+            return None
+        number = (int, float)
+        valid = (isinstance(found.backend, str) and isinstance(found.index, int) and isinstance(found.identity, dict)
+                 and all(isinstance(k, str) and isinstance(v, str) for k, v in found.identity.items())
+                 and found.status in ("ok", *REFUSED) and isinstance(found.detail, str)
+                 and isinstance(found.stage, str) and isinstance(found.seconds, number)
+                 and isinstance(found.timeout, number) and isinstance(found.checked_at, str)
+                 and (found.step_seconds is None or isinstance(found.step_seconds, number)))
+        return found if valid else None
 
     @property
     def ok(self) -> bool:
@@ -92,7 +116,7 @@ def source_hash(cls: type) -> str:
 def _package_hash(package: str) -> str:
     module = sys.modules.get(package) or __import__(package)
     digest = hashlib.sha256()
-    roots = [Path(p) for p in getattr(module, "__path__", [])] or [Path(module.__file__ or "")]
+    roots = [Path(p) for p in getattr(module, "__path__", [])] or [Path(getattr(module, "__file__", None) or "")]
     for root in roots:
         files = sorted(root.rglob("*.py")) if root.is_dir() else [root]
         for path in files:
@@ -116,30 +140,58 @@ def key(cls: type, index: int) -> str:
 def verdict(name: str, index: int, *, refresh: bool = False) -> Verdict:
     """The qualification of raw device ``index`` of backend ``name``: cached, else found by a child run."""
     cls = registry.backends.get(name)
+    unreachable = _not_importable(name, cls)
+    if unreachable:
+        return Verdict(name, index, {"backend": name, "device": str(index)}, "failed", unreachable)
     k = key(cls, index)
+    timeout = configured_timeout()
     if not refresh:
-        cached = _read().get(k)
-        if isinstance(cached, dict):
-            with contextlib.suppress(TypeError):
-                return Verdict(**cached)
-    found = run_child(name, index)
-    _store(k, found)
+        cached = Verdict.from_record(_read().get(k))
+        if cached is not None and not (cached.status == "hung" and timeout > cached.timeout):
+            return cached
+    found = run_child(name, index, timeout=timeout)
+    remember(cls, index, found)
     return found
 
 
 def remember(cls: type, index: int, found: Verdict) -> None:
-    """Cache a verdict found by a child run of one's own (``auto`` times and qualifies in one child)."""
-    _store(key(cls, index), found)
+    """Cache a verdict found by a child run (``auto`` times and qualifies in one child). An exception in the
+    child (``failed``) is not cached: it may come from this environment rather than the device (a module the
+    child imported from elsewhere, say), and it costs seconds to find again."""
+    if found.status != "failed":
+        _store(key(cls, index), found)
+
+
+def _not_importable(name: str, cls: type) -> str:
+    """Why a child process could not import backend class ``cls``, or "" when it can."""
+    if not registry.backends.registered_at_run_time(name):
+        return ""  # an entry point: the child loads it as this process did
+    if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
+        where = "in __main__" if cls.__module__ == "__main__" else "inside a function"
+        return (f"{cls.__name__} is defined {where}, where a child process cannot import it, so its devices "
+                "cannot be qualified: define the class in a module of its own (my_backend.py) and register it "
+                "from there, or, to run it unchecked in this process, set needs_qualification = False on it")
+    return ""
 
 
 def offered(name: str) -> list[tuple[int, Verdict]]:
     """(raw index, verdict) of every device of backend ``name``, qualifying those not yet qualified, their
     children side by side (an iGPU's and a CPU driver's first compiles then overlap)."""
-    count = registry.backends.get(name).device_count()
+    try:
+        count = registry.backends.get(name).device_count()
+    except Exception as exc:  # a plugin's enumeration that raises is that backend's failure, named
+        raise BackendUnavailableError(f"backend {name!r} could not count its devices: {type(exc).__name__}: {exc}") from exc
     if count <= 1:
         return [(i, verdict(name, i)) for i in range(count)]
-    with ThreadPoolExecutor(max_workers=count) as pool:
-        return list(enumerate(pool.map(lambda i: verdict(name, i), range(count))))
+    pool = ThreadPoolExecutor(max_workers=count)
+    try:
+        futures = [pool.submit(verdict, name, i) for i in range(count)]
+        return [(i, future.result()) for i, future in enumerate(futures)]
+    except BaseException:  # Ctrl-C reaches this thread only: end the children the workers are waiting on
+        _interrupt()
+        raise
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def resolve(name: str, index: int) -> int:
@@ -159,7 +211,7 @@ def resolve(name: str, index: int) -> int:
     lines = [f"there is no {name} device {index} that qualified ({len(good)} of {len(devices)} did); found {found}"]
     for raw, v in refused:
         lines.append(f"  refused: {v.device}: {v.explain()}")
-        hint = cls.driver_help(raw)
+        hint = cls.driver_help(raw) if v.status in ("crashed", "wrong") else ""
         if hint:
             lines.append(f"    {hint}")
     lines.append(f"Qualification runs in a child process and is cached in {cache_dir() / CACHE_FILE}; "
@@ -175,39 +227,53 @@ def run_child(name: str, index: int, *, time_steps: int = 0, timeout: float | No
     identity = cls.device_identity(index)
     if timeout is None:
         timeout = configured_timeout()
-    if registry.backends.registered_at_run_time(name) and cls.__module__ == "__main__":
-        return Verdict(name, index, identity, "failed", (
-            f"{cls.__name__} is defined in __main__, which a child process cannot import, so its devices "
-            "cannot be qualified: define the class in a module of its own (my_backend.py) and register it "
-            "from there, or, to run it unchecked in this process, set needs_qualification = False on it"))
-    # The child also ends itself a little after the timeout, should this process die without killing it.
+    unreachable = _not_importable(name, cls)
+    if unreachable:
+        return Verdict(name, index, identity, "failed", unreachable)
+    # The child also ends itself a little after the timeout, and when this process dies.
     command = [sys.executable, "-m", "neuroflow.probe", name, str(index), "--time", str(time_steps),
                "--deadline", str(timeout + 30)]
     if registry.backends.registered_at_run_time(name):  # the child imports the class itself
         command += ["--class", f"{cls.__module__}:{cls.__qualname__}"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    # This process's import path, made absolute; the child's working directory does not join it (a numpy.py
+    # there would shadow numpy in the child alone and refuse the device for a reason of its own).
+    path = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "PYTHONSAFEPATH": "1"}
     env.pop("NEUROFLOW_BACKEND", None)  # the child opens the device it is given, and cpu; nothing it chooses
     start = time.monotonic()
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                          text=True, env=env, start_new_session=True) as child:
+    # Output goes to files, not pipes: a driver's debug output must not fill this process's memory.
+    with tempfile.TemporaryFile("w+", errors="replace") as out, tempfile.TemporaryFile("w+", errors="replace") as err:
+        child = subprocess.Popen(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL, text=True, env=env,
+                                 start_new_session=True)
+        with _LIVE_LOCK:
+            _LIVE.add(child)
         try:
-            out, err = child.communicate(timeout=timeout)
+            child.wait(timeout=timeout)
             hung = False
         except subprocess.TimeoutExpired:
             _kill(child)
-            out, err = child.communicate()
+            child.wait()
             hung = True
         except BaseException:  # Ctrl-C here must not wait for the child to finish
             _kill(child)
             raise
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(child)
+        with _LIVE_LOCK:
+            interrupted = child in _INTERRUPTED
+            _INTERRUPTED.discard(child)
+        if interrupted:  # killed by _interrupt: not the device's verdict
+            raise KeyboardInterrupt
+        messages = list(_messages(out))
+        tail = _last_words(_tail(err))
     seconds = time.monotonic() - start
-    messages = list(_messages(out))
-    stage = next((m["stage"] for m in reversed(messages) if "stage" in m), "")
-    result = next((m for m in reversed(messages) if "status" in m), None)
-    tail = _last_words(err)
-    common = {"backend": name, "index": index, "identity": identity, "stage": stage, "seconds": round(seconds, 2)}
+    stage = next((m["stage"] for m in reversed(messages) if isinstance(m.get("stage"), str)), "")
+    result = next((m for m in reversed(messages) if m.get("status") in ("ok", "wrong", "failed")), None)
+    common = {"backend": name, "index": index, "identity": identity, "stage": _clip(stage), "seconds": round(seconds, 2)}
     if hung:
-        return Verdict(**common, status="hung", detail=f"no answer after {timeout:.0f} s ({TIMEOUT_VAR})")
+        return Verdict(**common, status="hung", detail=f"no answer after {timeout:.0f} s ({TIMEOUT_VAR})",
+                       timeout=timeout)
     if child.returncode < 0:
         try:
             signame = signal.Signals(-child.returncode).name
@@ -217,8 +283,38 @@ def run_child(name: str, index: int, *, time_steps: int = 0, timeout: float | No
     if result is None:
         return Verdict(**common, status="failed",
                        detail=f"the child exited with code {child.returncode} without a verdict" + (f" ({tail})" if tail else ""))
-    return Verdict(**common, status=result["status"], detail=result.get("detail", ""),
-                   step_seconds=result.get("step_seconds"))
+    step = result.get("step_seconds")
+    return Verdict(**common, status=result["status"], detail=_clip(str(result.get("detail", ""))),
+                   step_seconds=float(step) if isinstance(step, (int, float)) else None)
+
+
+#: Children running now, so that a Ctrl-C in the main thread can end those that worker threads wait on.
+_LIVE: set[subprocess.Popen[str]] = set()
+_LIVE_LOCK = threading.Lock()
+_INTERRUPTED: set[subprocess.Popen[str]] = set()
+#: Characters of a child's words kept in a verdict.
+CLIP = 400
+
+
+def _interrupt() -> None:
+    """Kill every running child; their waiting threads then raise instead of recording a verdict."""
+    with _LIVE_LOCK:
+        children = list(_LIVE)
+        _INTERRUPTED.update(children)
+    for child in children:
+        _kill(child)
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= CLIP else text[:CLIP] + "…"
+
+
+def _tail(file: Any, size: int = 16384) -> str:
+    """The last ``size`` bytes or so of a text file."""
+    file.seek(0, os.SEEK_END)
+    end = file.tell()
+    file.seek(max(0, end - size))
+    return file.read()
 
 
 def configured_timeout() -> float:
@@ -230,9 +326,9 @@ def configured_timeout() -> float:
         seconds = float(value)
     except ValueError:
         seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
+    if not 0 < seconds <= MAX_TIMEOUT:
         raise ConfigError(f"{TIMEOUT_VAR}={value!r}; expected the seconds a qualification child may take, a "
-                          f"positive number (default {DEFAULT_TIMEOUT:.0f})")
+                          f"positive number up to {MAX_TIMEOUT:.0f} (default {DEFAULT_TIMEOUT:.0f})")
     return seconds
 
 
@@ -242,9 +338,9 @@ def _last_words(err: str) -> str:
     lines = [line.strip() for line in err.splitlines() if line.strip()]
     fatal = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), None)
     if fatal is None:
-        return " | ".join(lines[-3:])
+        return _clip(" | ".join(lines[-3:]))
     frame = next((line for line in lines[fatal + 1:] if line.startswith("File ")), "")
-    return lines[fatal] + (f", at {frame}" if frame else "")
+    return _clip(lines[fatal] + (f", at {frame}" if frame else ""))
 
 
 def _kill(child: subprocess.Popen[str]) -> None:
@@ -256,9 +352,11 @@ def _kill(child: subprocess.Popen[str]) -> None:
             child.kill()
 
 
-def _messages(out: str) -> Iterator[dict[str, Any]]:
-    for line in out.splitlines():
-        if line.startswith(PREFIX):
+def _messages(out: Any) -> Iterator[dict[str, Any]]:
+    """The protocol messages in the child's stdout file (other lines, however long, are skipped)."""
+    out.seek(0)
+    for line in out:
+        if line.startswith(PREFIX) and len(line) < 65536:
             with contextlib.suppress(ValueError):
                 message = json.loads(line[len(PREFIX):])
                 if isinstance(message, dict):
@@ -269,16 +367,18 @@ def cached() -> dict[str, Verdict]:
     """Every cached verdict, by key (for ``neuroflow doctor``)."""
     found = {}
     for k, v in _read().items():
-        with contextlib.suppress(TypeError):
-            found[k] = Verdict(**v)
+        verdict_ = Verdict.from_record(v)
+        if verdict_ is not None:
+            found[k] = verdict_
     return found
 
 
 def forget() -> None:
     """Drop every cached verdict: the next use of each device qualifies it again."""
-    with _locked():
-        with contextlib.suppress(FileNotFoundError):
-            (cache_dir() / CACHE_FILE).unlink()
+    with contextlib.suppress(OSError), _locked():
+        for stale in (CACHE_FILE, AUTO_CHOICE_FILE):  # auto's choice was made from these verdicts
+            with contextlib.suppress(FileNotFoundError):
+                (cache_dir() / stale).unlink()
 
 
 def _read() -> dict[str, Any]:
@@ -296,9 +396,13 @@ def _store(k: str, found: Verdict) -> None:
     with contextlib.suppress(OSError), _locked():
         data = _read()
         data[k] = asdict(found)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=2))
-        tmp.replace(path)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_text(json.dumps(data, indent=2))
+            tmp.replace(path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
 
 
 @contextlib.contextmanager

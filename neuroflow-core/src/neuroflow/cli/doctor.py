@@ -43,7 +43,9 @@ def _environment() -> list[list[str]]:
         ["neuroflow", f"{neuroflow.__version__} (neuroflow-core {_version('neuroflow-core')})"],
         *([name, _version(name)] for name in ("numpy", "pluggy", "tqdm", "safetensors")),
         *([var, os.environ[var]] for var in ("NEUROFLOW_BACKEND", "NEUROFLOW_ALLOCATOR", "NEUROFLOW_DATA",
-                                             "NEUROFLOW_DISABLE_PLUGIN_AUTOLOAD") if var in os.environ),
+                                             "NEUROFLOW_DISABLE_PLUGIN_AUTOLOAD", "NEUROFLOW_CACHE_DIR",
+                                             qualification.TIMEOUT_VAR, "NEUROFLOW_OPENCL_VECTOR_BYTES",
+                                             "OCL_ICD_VENDORS", "CUDA_VISIBLE_DEVICES") if var in os.environ),
     ]
 
 
@@ -62,6 +64,11 @@ def _backends() -> list[list[str]]:
                     facts = cls(index).describe()
                     table.append([f"{name}:{index}", where, "available", " ".join(f"{k}={v}" for k, v in facts.items())])
                 continue
+            known = qualification.cached()
+            waiting = sum(qualification.key(cls, i) not in known for i in range(cls.device_count()))
+            if waiting:
+                print(f"  (qualifying {waiting} {name} device(s) in child processes: seconds each, a minute or more "
+                      "while a driver's kernel cache is empty)", file=sys.stderr, flush=True)
             offered = 0
             for raw, verdict in qualification.offered(name):  # qualifies, in a child process, what is not yet
                 if verdict.ok:  # only a qualified device is opened in this process
@@ -70,8 +77,9 @@ def _backends() -> list[list[str]]:
                                   " ".join(f"{k}={v}" for k, v in facts.items())])
                     offered += 1
                 else:
-                    hint = cls.driver_help(raw)
-                    table.append([f"{name} (refused)", where, verdict.explain(), verdict.device + (f". {hint}" if hint else "")])
+                    hint = cls.driver_help(raw) if verdict.status in ("crashed", "wrong") else ""
+                    table.append([f"{name} (refused, device {raw})", where, verdict.explain(),
+                                  verdict.device + (f". {hint}" if hint else "")])
         except Exception as exc:  # a backend plugin failing to import or probe is what doctor is for
             table.append([name, where, f"FAILED: {type(exc).__name__}: {exc}"])
     table.append(_auto_row())
