@@ -92,6 +92,11 @@ class Verdict:
         return self.status == "ok"
 
     @property
+    def drivers_fault(self) -> bool:
+        """Whether the driver itself failed (a crash or a wrong result), so another driver is the advice."""
+        return self.status in ("crashed", "wrong")
+
+    @property
     def device(self) -> str:
         """The device and its driver, as its backend named them."""
         known = self.identity
@@ -211,7 +216,7 @@ def resolve(name: str, index: int) -> int:
     lines = [f"there is no {name} device {index} that qualified ({len(good)} of {len(devices)} did); found {found}"]
     for raw, v in refused:
         lines.append(f"  refused: {v.device}: {v.explain()}")
-        hint = cls.driver_help(raw) if v.status in ("crashed", "wrong") else ""
+        hint = cls.driver_help(raw) if v.drivers_fault else ""
         if hint:
             lines.append(f"    {hint}")
     lines.append(f"Qualification runs in a child process and is cached in {cache_dir() / CACHE_FILE}; "

@@ -77,7 +77,7 @@ def _backends() -> list[list[str]]:
                                   " ".join(f"{k}={v}" for k, v in facts.items())])
                     offered += 1
                 else:
-                    hint = cls.driver_help(raw) if verdict.status in ("crashed", "wrong") else ""
+                    hint = cls.driver_help(raw) if verdict.drivers_fault else ""
                     table.append([f"{name} (refused, device {raw})", where, verdict.explain(),
                                   verdict.device + (f". {hint}" if hint else "")])
         except Exception as exc:  # a backend plugin failing to import or probe is what doctor is for
