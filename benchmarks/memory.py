@@ -64,7 +64,7 @@ def first_fit_in_request_order(slots: list[Any]) -> int:
     What an online first-fit allocator does; the planner instead places the largest buffers first
     (greedy by size). Same collision rule: buffers alive at the same time may not overlap.
     """
-    from neuroflow.memory.planner import ALIGNMENT
+    from neuroflow.buffers.planner import ALIGNMENT
 
     def aligned(n: int) -> int:
         return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
@@ -103,8 +103,8 @@ def measure_peak(name: str, batch: int, steps: int) -> dict[str, Any]:
     import numpy as np
 
     import neuroflow as nf
+    from neuroflow.buffers.planner import place
     from neuroflow.losses import CrossEntropy
-    from neuroflow.memory.planner import place
     from neuroflow.memory.profile import trace_step
 
     x, y = batch_data(name, batch)

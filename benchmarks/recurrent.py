@@ -129,7 +129,7 @@ def _sequence_data(size: list[int]) -> tuple[np.ndarray, np.ndarray]:
 def _pooled(op: Any) -> Any:
     """Attach a buffer pool, as the Trainer does, so steady-state steps reuse their buffers."""
     from neuroflow.allocators.direct import DirectAllocator
-    from neuroflow.memory.buffers import BufferPool
+    from neuroflow.buffers.pool import BufferPool
 
     op.attach_pool(BufferPool(DirectAllocator(op.xp)))
     return op

@@ -10,10 +10,10 @@ import pytest
 
 import neuroflow as nf
 from neuroflow import ops
+from neuroflow.buffers.flat import FlatParameters
 from neuroflow.config import Config
 from neuroflow.errors import ConfigError
 from neuroflow.memory.compression import GradientCompressor, compression_nbytes
-from neuroflow.memory.flat import FlatParameters
 from neuroflow.tensor import Tensor
 
 

@@ -15,9 +15,9 @@ import neuroflow as nf
 from neuroflow import ops
 from neuroflow.allocators.arena import ArenaAllocator
 from neuroflow.allocators.caching import CachingAllocator
+from neuroflow.buffers.planner import max_live_bytes, place
+from neuroflow.buffers.trace import Slot, TracingPool
 from neuroflow.errors import OutOfMemoryError
-from neuroflow.memory.planner import max_live_bytes, place
-from neuroflow.memory.trace import Slot, TracingPool
 
 NUMPY_DATA = tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)
 
@@ -175,7 +175,7 @@ def test_the_traced_steps_memory_is_released_before_its_optimizer_step(monkeypat
 
 
 def test_zero_grad_leaves_the_skipped_parameters_gradients_alone():
-    from neuroflow.memory.flat import FlatParameters
+    from neuroflow.buffers.flat import FlatParameters
     from neuroflow.tensor import Tensor
 
     params = [Tensor(np.ones(n, np.float32), requires_grad=True) for n in (3, 4, 5, 6)]
@@ -200,7 +200,7 @@ def resident_mib() -> float:
 def test_packing_parameters_leaves_none_of_their_old_arrays_resident():
     """Once a large array has been freed, glibc serves the next ones from its heap and keeps their pages after
     they are freed: packing must hand them back, or a model's parameters stay resident twice over."""
-    from neuroflow.memory.flat import FlatParameters
+    from neuroflow.buffers.flat import FlatParameters
     from neuroflow.tensor import Tensor
 
     scratch = np.ones(2**21)  # 16 MiB, freed: glibc's mmap threshold rises to its size

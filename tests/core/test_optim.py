@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from neuroflow.memory.flat import FlatParameters
+from neuroflow.buffers.flat import FlatParameters
 from neuroflow.optim import SGD, Adam, AdamW, Optimizer, clip_grad_norm
 from neuroflow.tensor import Tensor
 

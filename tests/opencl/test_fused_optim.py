@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import neuroflow as nf
-from neuroflow.memory.flat import FlatParameters
+from neuroflow.buffers.flat import FlatParameters
 from neuroflow.tensor import Tensor
 
 # 16 lanes of float32 per work item, 64 items per group: sizes below, at and past one vector, a tail that is not

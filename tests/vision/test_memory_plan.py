@@ -80,7 +80,7 @@ def test_workspaces_are_planned_in_the_arena() -> None:
 def test_gradients_written_whole_are_not_zeroed_and_training_is_unchanged(monkeypatch) -> None:
     """Convolution and linear weights get their whole gradient written each step, so the Trainer stops
     zeroing them first; training must match, bit for bit, a run that zeroes every gradient."""
-    from neuroflow.memory.flat import FlatParameters
+    from neuroflow.buffers.flat import FlatParameters
 
     x, y = batch((3, 16, 16), 16)
     runs, skipped = [], []
@@ -206,7 +206,7 @@ def test_the_traced_steps_memory_is_released_by_the_first_step(monkeypatch) -> N
     import gc
     import weakref
 
-    from neuroflow.memory import trace
+    from neuroflow.buffers import trace
 
     reservations = []
 

@@ -17,8 +17,8 @@ from neuroflow.tensor import Tensor
 
 if TYPE_CHECKING:
     from neuroflow.backends.base import Backend
-    from neuroflow.memory.buffers import BufferPool
-    from neuroflow.memory.trace import TracingPool
+    from neuroflow.buffers.pool import BufferPool
+    from neuroflow.buffers.trace import TracingPool
 
 
 class MemoryDeclaration:

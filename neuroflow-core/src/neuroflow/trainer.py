@@ -15,18 +15,18 @@ import numpy as np
 
 from neuroflow import debug as debug_checks
 from neuroflow.backends.selection import get_backend
+from neuroflow.buffers.flat import FlatParameters
+from neuroflow.buffers.pool import BufferPool
+from neuroflow.buffers.trace import TracingPool
 from neuroflow.composites import input_layer
 from neuroflow.errors import ConfigError, NonFiniteLossError
 from neuroflow.fusion import fuse
 from neuroflow.history import History
 from neuroflow.losses.base import Loss
 from neuroflow.losses.cross_entropy import CrossEntropy
-from neuroflow.memory.buffers import BufferPool
 from neuroflow.memory.compression import GradientCompressor, build_compressor
-from neuroflow.memory.flat import FlatParameters
 from neuroflow.memory.offload import OffloadManager
 from neuroflow.memory.runtime import MemoryRuntime
-from neuroflow.memory.trace import TracingPool
 from neuroflow.operator import Operator
 from neuroflow.progress import EpochProgress, print_epoch_metrics
 

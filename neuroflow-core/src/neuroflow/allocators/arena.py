@@ -6,9 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from neuroflow.allocators.base import Allocator
+from neuroflow.allocators.base import ALIGNMENT, Allocator
 from neuroflow.errors import OutOfMemoryError
-from neuroflow.memory.planner import ALIGNMENT
 
 
 class ArenaAllocator(Allocator):

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuroflow.memory.stats import MemoryStats
+from neuroflow.allocators.stats import MemoryStats
+
+# bytes: every planned offset and every arena start is a multiple of this (a cache line, and AVX-512's width)
+ALIGNMENT = 64
 
 
 class Allocator:

@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from neuroflow.allocators.stats import MemoryStats
 from neuroflow.backends.namespaces import array_namespace
-from neuroflow.memory.stats import MemoryStats
 
 
 class Backend:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuroflow.memory.buffers import BufferPool
+from neuroflow.buffers.pool import BufferPool
 
 
 class Loss:

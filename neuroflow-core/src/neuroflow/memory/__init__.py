@@ -1,10 +1,8 @@
-"""Memory runtime: tracing, planning, buffer pools, flat parameters, the memory profile."""
+"""Memory as users see it: the profile of a model before training (peak, per-layer rows, advice), gradient
+compression and offloading; the planned buffers underneath live in :mod:`neuroflow.buffers`."""
 
-from neuroflow.memory.buffers import BufferPool
-from neuroflow.memory.flat import FlatParameters
-from neuroflow.memory.planner import Plan, place
+from neuroflow.allocators.stats import MemoryStats
+from neuroflow.buffers import BufferPool, FlatParameters, Plan, TracingPool, place
 from neuroflow.memory.profile import MemoryReport, profile
-from neuroflow.memory.stats import MemoryStats
-from neuroflow.memory.trace import TracingPool
 
 __all__ = ["BufferPool", "FlatParameters", "MemoryReport", "MemoryStats", "Plan", "TracingPool", "place", "profile"]

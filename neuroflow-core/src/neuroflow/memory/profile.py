@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow.allocators.base import ALIGNMENT
+from neuroflow.buffers.planner import Plan, place
+from neuroflow.buffers.trace import Slot, TracingPool
 from neuroflow.composites import input_layer
 from neuroflow.errors import ConfigError
 from neuroflow.fusion import fuse
 from neuroflow.memory.compression import MODES, compression_nbytes
-from neuroflow.memory.planner import ALIGNMENT, Plan, place
-from neuroflow.memory.trace import Slot, TracingPool
 from neuroflow.operator import Operator
 
 MiB = 1024 * 1024

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from neuroflow.allocators.arena import ArenaAllocator
+from neuroflow.buffers.planner import place
+from neuroflow.buffers.pool import BufferPool
+from neuroflow.buffers.trace import TracingPool
 from neuroflow.errors import OutOfMemoryError
-from neuroflow.memory.buffers import BufferPool
-from neuroflow.memory.planner import place
-from neuroflow.memory.trace import TracingPool
 
 
 class MemoryRuntime:

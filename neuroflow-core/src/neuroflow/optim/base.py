@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from neuroflow.backends.namespaces import array_namespace
+from neuroflow.buffers.flat import FlatParameters
 from neuroflow.errors import ConfigError
-from neuroflow.memory.flat import FlatParameters
 from neuroflow.tensor import Tensor
 
 #: Elements per chunk of the generic update: the scratch buffer's size. 2^16 float32 values (256 KiB) stay in

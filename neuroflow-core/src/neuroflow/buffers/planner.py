@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from neuroflow.memory.trace import Slot
-
-ALIGNMENT = 64
+from neuroflow.allocators.base import ALIGNMENT
+from neuroflow.buffers.trace import Slot
 
 
 def _align(n: int) -> int:

@@ -42,9 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from neuroflow.memory.heap import return_freed_heap
-
-ALIGNMENT = 64  # bytes, as the planner aligns offsets
+from neuroflow.allocators.base import ALIGNMENT
+from neuroflow.buffers.heap import return_freed_heap
 
 
 @dataclass

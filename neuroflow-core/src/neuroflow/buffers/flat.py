@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from neuroflow.memory.heap import return_freed_heap
+from neuroflow.buffers.heap import return_freed_heap
 from neuroflow.tensor import Tensor
 
 

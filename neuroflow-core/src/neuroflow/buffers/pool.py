@@ -8,7 +8,7 @@ from neuroflow.errors import OutOfMemoryError
 
 if TYPE_CHECKING:
     from neuroflow.allocators.base import Allocator
-    from neuroflow.memory.planner import Plan
+    from neuroflow.buffers.planner import Plan
 
 
 class BufferPool:
