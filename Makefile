@@ -1,4 +1,5 @@
-# make demo: train on real MNIST on the CPU.  make test: the whole suite (CI runs this), docs included.
+# make demo: train on real MNIST on the CPU.  make test: ruff, mypy, then the whole suite (CI runs this), docs and
+# the structure of the code (tests/integration/test_structure.py) included.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -33,7 +34,8 @@ $(STAMP): $(DISTS) $(OP_EXAMPLE)/pyproject.toml requirements-dev.txt
 demo: $(STAMP)
 	$(PY) examples/mnist_demo.py
 
-test: $(STAMP)
+# lint first: a ruff or mypy error fails CI as a failing test does
+test: lint
 	$(PY) -m pytest
 
 convergence: $(STAMP)

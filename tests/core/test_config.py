@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import neuroflow.trainer
 from neuroflow import registry
 from neuroflow.config import TRAINER_KEYS, Config, load_config, resolve_model_config
+from neuroflow.data import ArrayDataset
 from neuroflow.errors import ConfigError, UnknownNameError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mnist_mlp.toml"
@@ -68,7 +69,7 @@ def test_seed_makes_model_initialisation_reproducible(tmp_path):
     ("batchsize = 3\n[model]\nname = 'x'", r"unknown key 'batchsize' at the top level; valid keys: device, batch_size"),
     ("[model]\nname = 'x'\n[optimiser]\ntype = 'SGD'", r"unknown key 'optimiser' at the top level; valid keys: .*\[optimizer\]"),
     ("[model]\nname = 'x'\n[data]\ndataset = 'mnist'\nshufle = true",
-     r"unknown key 'shufle' in \[data\]; valid keys: dataset, flat, normalize, path, train, test"),
+     r"unknown key 'shufle' in \[data\]; valid keys: dataset, path, flat, normalize$"),
     ("[model]\nname = 'x'\n[output]\nsave = 'a'\nformat = 'b'", r"unknown key 'format' in \[output\]; valid keys: save"),
     ("[model]\nlayers = [{type = 'ReLU'}]\nwidth = 3", r"unknown key 'width' in \[model\]; valid keys: name, layers"),
 ])
@@ -168,27 +169,20 @@ def test_trainer_keys_reach_the_trainer(tmp_path):
         config.with_overrides(batch_size="5")
 
 
-class _TrainerWithoutMemoryRuntime:
-    def __init__(self, model, loss=None, optimizer=None, scheduler=None, *, batch_size=64, seed=None):
-        self.kwargs = {"batch_size": batch_size}
+def test_the_config_keys_are_the_trainer_options_a_file_can_hold(tmp_path):
+    """One dataclass for the Trainer's keywords, the config's top level and the command line: a config's keys
+    reach the Trainer as the TrainerOptions it would build from the same keywords."""
+    from neuroflow.trainer import TrainerOptions
 
-
-class _TrainerWithMemoryRuntime(_TrainerWithoutMemoryRuntime):
-    def __init__(self, model, loss=None, optimizer=None, scheduler=None, *, batch_size=64, seed=None,
-                 memory_budget_mb=None, memory_pool_size_mb=None, enable_async_unload=False):
-        self.kwargs = {"memory_budget_mb": memory_budget_mb, "enable_async_unload": enable_async_unload}
-
-
-def test_memory_runtime_keys_need_a_trainer_that_accepts_them(tmp_path, monkeypatch):
-    assert {"memory_budget_mb", "memory_pool_size_mb", "enable_async_unload"} <= set(TRAINER_KEYS)
+    in_file = {f.name for f in dataclasses.fields(TrainerOptions)} - {"progress", "augment"}
+    assert set(TRAINER_KEYS) == in_file | {"epochs"}
     text = TINY.replace("batch_size = 16", "memory_budget_mb = 512\nenable_async_unload = true").format(extra="")
     config = load_config(write(tmp_path, text))
-    monkeypatch.setattr(neuroflow.trainer, "Trainer", _TrainerWithoutMemoryRuntime)
-    with pytest.raises(ConfigError, match=r"'(memory_budget_mb|enable_async_unload)' requires the memory runtime"):
-        config.build_trainer(config.build_model())
-    monkeypatch.setattr(neuroflow.trainer, "Trainer", _TrainerWithMemoryRuntime)
     trainer = config.build_trainer(config.build_model())
-    assert trainer.kwargs == {"memory_budget_mb": 512, "enable_async_unload": True}
+    assert trainer.options == TrainerOptions(**config.trainer)
+    assert (trainer.options.memory_budget_mb, trainer.options.enable_async_unload) == (512, True)
+    with pytest.raises(ConfigError, match=r"'batch_size' must be an integer; got 2.5"):
+        config.with_overrides(batch_size=2.5)
 
 
 def test_npz_data_is_read_relative_to_the_config_and_cast_to_float32(tmp_path):
@@ -214,9 +208,10 @@ def test_npz_problems_are_config_errors(tmp_path):
 
 
 @pytest.mark.parametrize(("data", "expected"), [
-    ("dataset = 'cifar'", r"dataset 'cifar' is unknown; valid: mnist, fashion_mnist"),
+    ("dataset = 'cifar'", r"\[data\] dataset: unknown dataset 'cifar'; available: fashion_mnist, mnist"),
     ("dataset = 'mnist'\ntrain = 'a.npz'", r"exactly one of dataset"),
-    ("train = 'a.npz'\nflat = true", r"'flat', 'normalize' and 'path' go with dataset"),
+    ("train = 'a.npz'\nflat = true", r"unknown key 'flat' in \[data\] with train = .*; valid keys: train, test "
+                                     r"\(the others go with dataset = "),
 ])
 def test_inconsistent_data_tables_are_refused(tmp_path, data, expected):
     with pytest.raises(ConfigError, match=expected):
@@ -261,17 +256,6 @@ def test_unreadable_files_are_config_errors(tmp_path):
         load_config(write(tmp_path, "epochs = = 2"))
 
 
-def test_memory_runtime_check_reads_the_real_trainer_signature(tmp_path):
-    """Whichever Trainer is installed, memory keys either reach it or fail with the memory-runtime message."""
-    text = TINY.replace("batch_size = 16", "memory_budget_mb = 4096").format(extra="")
-    config = load_config(write(tmp_path, text))
-    if "memory_budget_mb" in inspect.signature(neuroflow.trainer.Trainer).parameters:
-        config.build_trainer(config.build_model())
-    else:
-        with pytest.raises(ConfigError, match="requires the memory runtime"):
-            config.build_trainer(config.build_model())
-
-
 def test_reshape_target_is_given_as_an_array_or_a_number(tmp_path):
     config = load_config(write(tmp_path, "[model]\nlayers = [{type = 'Reshape', shape = [2, 3]}, {type = 'Flatten'}]"))
     model = config.build_model()
@@ -287,7 +271,7 @@ def test_reshape_target_is_given_as_an_array_or_a_number(tmp_path):
     ("[model]\nfrom = 'a.safetensors'\nwidth = 3",
      r"unknown key 'width' in \[model\]; valid keys: name, layers, from, input_shape"),
     ("[model]\nname = 'x'\n[data]\ndataset = 'sunspots'\nwindow = 4\nwindw = 5",
-     r"unknown key 'windw' in \[data\]; valid keys: dataset, .*, window, horizon, split"),
+     r"unknown key 'windw' in \[data\]; valid keys: dataset, window, horizon, split"),
     ("checkpoint_dirs = 'c'\n[model]\nname = 'x'",
      r"unknown key 'checkpoint_dirs' at the top level; valid keys: .*checkpoint_dir, checkpoint_every, "
      r"keep_checkpoints, lora_fusion, .*\[lora\]"),
@@ -317,10 +301,11 @@ def test_new_keys_have_their_types_checked(tmp_path, text, expected):
 
 
 @pytest.mark.parametrize(("data", "expected"), [
-    ("dataset = 'sunspots'", r"dataset = 'sunspots' needs window = N"),
-    ("dataset = 'sunspots'\nwindow = 8\nnormalize = true", r"'normalize' goes with the image datasets"),
-    ("dataset = 'mnist'\nwindow = 8\nsplit = 0.5", r"'window', 'split' go with a series dataset \(sunspots\)"),
-    ("train = 'a.npz'\nhorizon = 2", r"'horizon' goes with a series dataset"),
+    ("dataset = 'sunspots'", r"\[data\]: missing required key\(s\) 'window'"),
+    ("dataset = 'sunspots'\nwindow = 8\nnormalize = true",
+     r"unknown key 'normalize' in \[data\]; valid keys: dataset, window, horizon, split"),
+    ("dataset = 'mnist'\nwindow = 8\nsplit = 0.5", r"unknown key 'window' in \[data\]; valid keys: dataset, path, flat"),
+    ("train = 'a.npz'\nhorizon = 2", r"unknown key 'horizon' in \[data\] with train = "),
     ("dataset = 'sunspots'\nwindow = 0", r"'window' must be a positive integer; got 0"),
     ("dataset = 'sunspots'\nwindow = 8\nhorizon = 0", r"'horizon' must be a positive integer; got 0"),
     ("dataset = 'sunspots'\nwindow = 8\nsplit = 1", r"'split' is the fraction of windows to train on, between 0 and 1; got 1"),
@@ -367,12 +352,90 @@ def test_sunspots_horizon_and_split_choose_the_target_and_the_boundary(tmp_path)
         sunspot_config(tmp_path, "window = 400").build_data()
 
 
-def test_sunspots_without_the_recurrent_package_says_what_to_install(tmp_path, monkeypatch):
+@pytest.fixture
+def datasets_without_sunspots(monkeypatch):
+    """Entry-point discovery as if neuroflow-ops-recurrent were not installed; the registry reset around it."""
+    from importlib import metadata
+
+    real = metadata.entry_points
+    monkeypatch.setattr(metadata, "entry_points", lambda group=None, **kw: [
+        ep for ep in real(group=group, **kw) if not (group == "neuroflow_datasets" and ep.name == "sunspots")])
+    registry.datasets.reset()
+    yield
+    monkeypatch.undo()
+    registry.datasets.reset()
+
+
+def test_sunspots_without_the_recurrent_package_says_what_to_install(tmp_path, datasets_without_sunspots):
+    with pytest.raises(ConfigError, match=r"\[data\] dataset: dataset 'sunspots' is not installed; it comes with: "
+                                          r"pip install neuroflow-ops-recurrent \(available: fashion_mnist, mnist\)"):
+        sunspot_config(tmp_path, "window = 4")
+
+
+def test_a_dataset_plugin_that_fails_to_import_is_named(tmp_path, monkeypatch):
     import sys
 
-    monkeypatch.setitem(sys.modules, "neuroflow_ops_recurrent", None)
-    with pytest.raises(ConfigError, match=r"comes with neuroflow-ops-recurrent: pip install neuroflow-ops-recurrent"):
-        sunspot_config(tmp_path, "window = 4").build_data()
+    registry.datasets.reset()
+    monkeypatch.setitem(sys.modules, "neuroflow_ops_recurrent.data.datasets", None)  # its import fails
+    try:
+        with pytest.raises(ConfigError, match=r"dataset 'sunspots' from neuroflow-ops-recurrent failed to load"):
+            sunspot_config(tmp_path, "window = 4")
+    finally:
+        monkeypatch.undo()
+        registry.datasets.reset()
+
+
+class Ramp:
+    """A third party's data set: its keys are its constructor's, a path is taken relative to the config."""
+
+    loss = "MSE"
+
+    def __init__(self, *, root: str | os.PathLike[str], length: int = 4) -> None:
+        if length < 2:
+            raise ValueError(f"'length' must be at least 2; got {length}")
+        self.root, self.length = root, length
+
+    def load(self):
+        x = np.arange(self.length, dtype=np.float32)[:, None]
+        scale = float(Path(self.root, "scale.txt").read_text())
+        return ArrayDataset(x, scale * x), None
+
+
+@pytest.fixture
+def ramp():
+    registry.datasets.register("ramp", Ramp)
+    yield
+    registry.datasets.unregister("ramp")
+
+
+def test_a_registered_dataset_gets_its_keys_checked_its_paths_resolved_and_its_loss(tmp_path, ramp):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "scale.txt").write_text("2")
+    config = tiny(tmp_path, "[data]\ndataset = 'ramp'\nroot = 'data'\nlength = 6")
+    train, test = config.build_data()  # found from any working directory: root is taken from the config's
+    np.testing.assert_array_equal(train.y[:, 0], 2 * np.arange(6))
+    assert test is None
+    assert type(config.build_loss()).__name__ == "MSE"
+    assert type(tiny(tmp_path, "[data]\ndataset = 'ramp'\nroot = 'data'\n[loss]\ntype = 'CrossEntropy'")
+                .build_loss()).__name__ == "CrossEntropy"
+    for data, expected in [("root = 3", r"\[data\]: 'root' must be a string; got 3"),
+                           ("root = 'd'\nlength = 1", r"\[data\]: 'length' must be at least 2; got 1"),
+                           ("length = 3", r"\[data\]: missing required key\(s\) 'root'"),
+                           ("root = 'd'\nsize = 3", r"unknown key 'size' in \[data\]; valid keys: dataset, root, length")]:
+        with pytest.raises(ConfigError, match=expected):
+            tiny(tmp_path, f"[data]\ndataset = 'ramp'\n{data}")
+
+
+def test_image_datasets_leave_the_loss_to_the_trainer(tmp_path):
+    assert tiny(tmp_path, "[data]\ndataset = 'mnist'").build_loss() is None
+
+
+def test_the_mnist_path_is_taken_from_the_config_directory(tmp_path):
+    from neuroflow.config.schema import dataset_source
+
+    config = tiny(tmp_path, "[data]\ndataset = 'mnist'\npath = 'digits'\nflat = false")
+    source = dataset_source(config.data, config.path)
+    assert (source.path, source.flat, source.normalize) == (str(tmp_path / "digits"), False, False)
 
 
 def save_tiny(tmp_path: Path, name: str = "base.safetensors") -> tuple[Path, object]:
@@ -417,7 +480,7 @@ def test_lora_table_puts_adapters_on_a_loaded_model_and_lora_fusion_reaches_the_
     np.testing.assert_array_equal(adapters[0].lora_A.data, next(op for op in again.modules()
                                                                  if isinstance(op, LoRALinear)).lora_A.data)
     trainer = config.build_trainer(model)
-    assert trainer.lora_fusion is True
+    assert trainer.options.lora_fusion is True
     trainer.train_step(np.ones((3, 6), np.float32), np.array([0, 1, 2]))
     trainable = sorted(name for name, p in model.named_parameters() if p.requires_grad)
     assert trainable == ["0.lora_A", "0.lora_B", "2.lora_A", "2.lora_B"]
@@ -456,7 +519,7 @@ def test_checkpoint_keys_reach_the_trainer_with_the_directory_relative_to_the_co
     text = TINY.replace("batch_size = 16", "checkpoint_dir = 'ckpt'\ncheckpoint_every = 5\nkeep_checkpoints = 2")
     config = load_config(write(tmp_path, text.format(extra="")))
     trainer = config.build_trainer(config.build_model())
-    assert (Path(trainer.checkpoint_dir), trainer.checkpoint_every, trainer.keep_checkpoints) == (tmp_path / "ckpt", 5, 2)
+    assert (Path(trainer.checkpoint_dir), trainer.options.checkpoint_every, trainer.options.keep_checkpoints) == (tmp_path / "ckpt", 5, 2)
     config = load_config(write(tmp_path, TINY.replace("batch_size = 16", "checkpoint_every = 5").format(extra="")))
     with pytest.raises(ConfigError, match="checkpoint_every needs checkpoint_dir"):
         config.build_trainer(config.build_model())

@@ -483,3 +483,22 @@ def test_real_fashion_mnist_from_the_system_package(monkeypatch: pytest.MonkeyPa
     assert ds.x.shape == (10000, 1, 28, 28) and ds.x.dtype == np.float32
     assert 0.0 <= ds.x.min() and ds.x.max() == 1.0
     assert np.bincount(ds.y).tolist() == [1000] * 10
+
+
+def test_the_config_sources_read_nothing_until_loaded_and_then_both_splits(no_installed_data: Path) -> None:
+    directory = no_installed_data / "digits"
+    for source_type, loader in ((mnist_datasets.MnistSource, mnist), (mnist_datasets.FashionMnistSource, fashion_mnist)):
+        source = source_type(path=directory, flat=False, normalize=True)  # nothing there yet, nothing read
+        assert source_type.loss is None
+        with pytest.raises(FileNotFoundError):
+            source.load()
+        write_mnist_dir(directory, 4, "train", label=1)
+        write_mnist_dir(directory, 3, "test", label=2)
+        train, test = source.load()
+        for split, got in (("train", train), ("test", test)):
+            want = loader(split, path=directory, flat=False, normalize=True)
+            np.testing.assert_array_equal(got.x, want.x)
+            np.testing.assert_array_equal(got.y, want.y)
+        assert (train.x.shape, test.y.tolist()) == ((4, 1, 28, 28), [2, 2, 2])
+        for path in directory.iterdir():
+            path.unlink()

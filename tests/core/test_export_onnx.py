@@ -10,7 +10,7 @@ import pytest
 import neuroflow as nf
 from neuroflow import ops, registry
 from neuroflow.cli import main
-from neuroflow.export import ExportError, Value, onnx_ops, register_converter, supported_ops, to_onnx
+from neuroflow.export import ExportError, Value, register_converter, supported_ops, to_onnx
 from neuroflow.operator import Operator
 
 onnx = pytest.importorskip("onnx")
@@ -244,16 +244,46 @@ def test_lora_adapters_are_refused_until_fused(tmp_path):
     _assert_exports(nf.lora.fuse(model), tmp_path, (6,))
 
 
-def test_a_plugin_registers_a_converter(tmp_path, monkeypatch):
-    monkeypatch.delitem(onnx_ops.CONVERTERS, "Swish", raising=False)  # and removes it again after the test
+def _swish(graph, op, x, where):
+    return Value(graph.node("Mul", [x.name, graph.node("Sigmoid", [x.name], where)], where), x.shape, x.perm)
 
-    def swish(graph, op, x, where):
-        return Value(graph.node("Mul", [x.name, graph.node("Sigmoid", [x.name], where)], where), x.shape, x.perm)
 
-    register_converter("Swish", swish)
-    assert "Swish" in supported_ops()
-    nf.manual_seed(0)
-    _assert_exports(nf.Sequential(ops.Linear(4, 4), Swish()), tmp_path, (4,))
+def test_a_plugin_registers_a_converter(tmp_path):
+    register_converter("Swish", _swish)
+    try:
+        assert "Swish" in supported_ops()
+        nf.manual_seed(0)
+        _assert_exports(nf.Sequential(ops.Linear(4, 4), Swish()), tmp_path, (4,))
+    finally:
+        registry.onnx_converters.unregister("Swish")
+    assert "Swish" not in supported_ops()
+
+
+def test_a_plugin_declares_converters_as_entry_points(tmp_path, monkeypatch):
+    from importlib import metadata
+
+    real = metadata.entry_points
+    swish = metadata.EntryPoint("Swish", f"{__name__}:_swish", "neuroflow_onnx")
+    monkeypatch.setattr(metadata, "entry_points",
+                        lambda group=None, **kw: [*real(group=group, **kw), *([swish] if group == "neuroflow_onnx" else [])])
+    registry.onnx_converters.reset()
+    try:
+        assert "Swish" in supported_ops()
+        nf.manual_seed(0)
+        _assert_exports(nf.Sequential(ops.Linear(4, 4), Swish()), tmp_path, (4,))
+    finally:
+        monkeypatch.undo()
+        registry.onnx_converters.reset()
+    assert "Swish" not in supported_ops()
+
+
+def test_the_core_and_vision_declare_their_converters_in_their_distributions():
+    assert {registry.onnx_converters.distribution(n) for n in ("Linear", "ReLU", "Sequential", "Concat")} == {
+        "neuroflow-core"}
+    if "Conv2d" in registry.ops:
+        vision = ("Conv2d", "DepthwiseConv2d", "SeparableConv2d", "ConvertLayout", "BatchNorm2d", "MaxPool2d",
+                  "AvgPool2d", "GlobalAvgPool2d", "SqueezeExcite", "Upsample", "ChannelConcat", "BasicBlock", "ResNet")
+        assert {registry.onnx_converters.distribution(n) for n in vision} == {"neuroflow-ops-vision"}
 
 
 def test_batchnorm_with_batch_statistics_in_eval_is_refused(tmp_path):

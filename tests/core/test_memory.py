@@ -66,7 +66,7 @@ def train_planned_and_direct(make, x, y, optimizer):
 def test_planned_arena_training_matches_unplanned_training_bit_for_bit(make):
     features = 784 if make().layers[0].in_features == 784 else 20
     x, y = data(48, features, 5)
-    plan = train_planned_and_direct(make, x, y, lambda: nf.optim.AdamW(lr=1e-2))._plan
+    plan = train_planned_and_direct(make, x, y, lambda: nf.optim.AdamW(lr=1e-2)).memory.plan
     assert plan is not None and plan.arena_bytes < plan.unshared_bytes  # buffers really are shared
 
 
@@ -230,8 +230,8 @@ def test_steady_state_steps_make_no_allocations_and_counters_match_tracemalloc()
     assert [d for d in later.compare_to(snapshot, "lineno") if d.count_diff > 0 and d.size_diff > 256] == []
     arena_trace = [t for t in snapshot.traces if t.size == stats.pool_bytes]
     assert arena_trace, "the arena's block is visible to tracemalloc with exactly the size the counters report"
-    assert stats.pool_bytes == trainer._plan.arena_bytes + 64  # over-allocated by one alignment unit
-    assert stats.in_use_bytes == trainer._plan.arena_bytes
+    assert stats.pool_bytes == trainer.memory.plan.arena_bytes + 64  # over-allocated by one alignment unit
+    assert stats.in_use_bytes == trainer.memory.plan.arena_bytes
 
 
 def test_budget_fits_batch_and_accumulation_and_training_stays_under_it(capsys):
@@ -356,8 +356,8 @@ def _slots_by_owner(plan):
 def test_an_output_no_backward_reads_dies_when_its_consumer_has_read_it():
     x, y = data(48, 20, 5)
     trainer = train_planned_and_direct(dropping_chain, x, y, lambda: nf.optim.SGD(lr=0.1, momentum=0.9))
-    model, slots = trainer.model, _slots_by_owner(trainer._plan)
-    first_backward = min(s.start for s in trainer._plan.slots if s.key == "gx")
+    model, slots = trainer.model, _slots_by_owner(trainer.memory.plan)
+    first_backward = min(s.start for s in trainer.memory.plan.slots if s.key == "gx")
     dropped = slots[id(model[0]), "y"]
     assert dropped.dropped_at >= 0 and dropped.end < first_backward  # dies in forward, after ReLU
     tanh = slots[id(model[5]), "y"]  # Tanh's backward reads its output
@@ -381,7 +381,7 @@ def test_dropping_shrinks_the_arena_of_a_conv_style_chain():
                     layer.backward_reads_output = True
         trainer = nf.Trainer(model, optimizer=nf.optim.SGD(lr=0.1), batch_size=64, seed=1, progress=False)
         trainer.train_step(x, y)
-        arenas[declared] = trainer._plan.arena_bytes
+        arenas[declared] = trainer.memory.plan.arena_bytes
     assert arenas[True] < arenas[False]
 
 
@@ -421,10 +421,10 @@ def test_relu_gradient_over_its_output_equals_the_gradient_without_a_pool(pool_k
                 trainer.train_step(x, y)  # the traced step; the model's weights move, so reset them
                 for p, q in zip(model.parameters(), mlp(2, 32).parameters()):
                     p.data[...] = q.data
-                model.attach_pool(trainer._pool)  # lent to the model only during trainer calls: borrow it again
+                model.attach_pool(trainer.memory.pool)  # lent to the model only during trainer calls: borrow it again
             else:
                 model.attach_pool(TracingPool(np))
-                loss.attach_pool(model._pool)
+                loss.attach_pool(model.buffer_pool)
         for p in model.parameters():
             p.grad = np.zeros_like(p.data)
         loss.forward(model.forward(x), y)

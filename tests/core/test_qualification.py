@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from neuroflow import registry
-from neuroflow.backends import qualification
+from neuroflow.backends import qualification, verdicts
 from neuroflow.backends.selection import _instance, get_backend
 from neuroflow.errors import BackendUnavailableError
 
@@ -255,11 +255,11 @@ def test_a_new_source_of_the_backend_is_qualified_again(plugins: Path, site: Pat
     original = path.read_text()
     try:
         path.write_text(original + "\n# a kernel changed\n")
-        qualification._package_hash.cache_clear()
+        verdicts.package_hash.cache_clear()
         assert qualification.key(fake_backends.GoodBackend, 0) != before
     finally:
         path.write_text(original)
-        qualification._package_hash.cache_clear()
+        verdicts.package_hash.cache_clear()
 
 
 def test_requalify_forgets_every_verdict(plugins: Path, monkeypatch: pytest.MonkeyPatch,

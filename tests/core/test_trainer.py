@@ -206,3 +206,34 @@ def test_augment_applies_to_training_batches_only():
     assert len(seen) == 4
     with pytest.raises(ConfigError, match="augment must be callable"):
         nf.Trainer(_mlp(), augment="flip")
+
+
+# ---------------------------------------------------------------- options
+def test_keyword_settings_and_an_options_object_build_the_same_trainer() -> None:
+    from neuroflow.trainer import TrainerOptions
+
+    x = np.random.default_rng(0).standard_normal((32, 6)).astype(np.float32)
+    y = np.arange(32) % 3
+    results = []
+    for build in (lambda m: nf.Trainer(m, optimizer=nf.optim.SGD(lr=0.1), batch_size=8, seed=3, progress=False),
+                  lambda m: nf.Trainer(m, optimizer=nf.optim.SGD(lr=0.1),
+                                       options=TrainerOptions(batch_size=8, seed=3, progress=False))):
+        nf.random.manual_seed(0)
+        trainer = build(nf.Sequential(nf.ops.Linear(6, 3)))
+        trainer.fit((x, y), epochs=2)
+        results.append(trainer.model.state_dict())
+        assert trainer.options.batch_size == trainer.batch_size == 8
+    for name in results[0]:
+        np.testing.assert_array_equal(results[0][name], results[1][name])
+
+
+def test_unknown_settings_and_settings_given_twice_are_named() -> None:
+    from neuroflow.trainer import TrainerOptions
+
+    model = nf.Sequential(nf.ops.Linear(4, 2))
+    with pytest.raises(TypeError, match=r"unknown argument\(s\) 'batchsize'; valid: .*batch_size"):
+        nf.Trainer(model, batchsize=8)
+    with pytest.raises(TypeError, match="options= or keyword settings, not both; got seed"):
+        nf.Trainer(model, options=TrainerOptions(), seed=1)
+    with pytest.raises(nf.errors.ConfigError, match="batch_size must be a positive integer; got 0"):
+        TrainerOptions(batch_size=0)

@@ -101,7 +101,7 @@ def test_a_model_whose_gradients_are_not_written_once_is_refused_after_the_first
     whole gradient to update from: the first step says so."""
     trainer = nf.Trainer(mlp(), nf.losses.CrossEntropy(), nf.optim.SGD(lr=0.1), batch_size=16, progress=False,
                          update_in_backward=True)
-    monkeypatch.setattr(trainer, "_grads_zeroed", lambda: False)
+    monkeypatch.setattr(trainer.memory, "grads_zeroed", lambda: False)
     x, y = blobs()
     with pytest.raises(ConfigError, match="one micro-batch, and no layer used twice"):
         trainer.train_step(x[:16], y[:16])

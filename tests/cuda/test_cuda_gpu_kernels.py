@@ -17,23 +17,61 @@ def gpu(cuda: Any, array: np.ndarray) -> Any:
     return cuda.from_host(np.ascontiguousarray(array))
 
 
-@pytest.mark.parametrize("activation", ["identity", "relu", "leaky_relu", "sigmoid", "tanh"])
-def test_bias_activation_forward_and_backward_match_numpy(cuda: Any, activation: str) -> None:
+@pytest.mark.parametrize("activation", ["relu", "leaky_relu", "sigmoid", "tanh"])
+def test_activation_backward_matches_numpy(cuda: Any, activation: str) -> None:
     rng = np.random.default_rng(0)
-    x, b, g = (rng.standard_normal(s).astype(np.float32) for s in ((37, 19), (19,), (37, 19)))
-    v = x + b
-    y = {"identity": v, "relu": np.maximum(v, 0), "leaky_relu": np.where(v > 0, v, 0.01 * v),
+    v, g = (rng.standard_normal((37, 19)).astype(np.float32) for _ in range(2))
+    y = {"relu": np.maximum(v, 0), "leaky_relu": np.where(v > 0, v, 0.01 * v),
          "sigmoid": 1 / (1 + np.exp(-v)), "tanh": np.tanh(v)}[activation]
     cached = v if activation == "leaky_relu" else y
-    slope = {"identity": 1, "relu": (v > 0), "leaky_relu": np.where(v > 0, 1, 0.01),
-             "sigmoid": y * (1 - y), "tanh": 1 - y * y}[activation]
-    out = gpu(cuda, np.empty_like(x))
-    cuda.kernel("bias_activation")(gpu(cuda, x), gpu(cuda, b), out, activation)
-    np.testing.assert_allclose(cuda.to_host(out), y, RTOL, ATOL)
-    gx, gb = gpu(cuda, np.empty_like(x)), gpu(cuda, np.empty(19, np.float32))
-    cuda.kernel("activation_backward")(gpu(cuda, cached), gpu(cuda, g), gx, activation, gbias=gb)
+    slope = {"relu": (v > 0), "leaky_relu": np.where(v > 0, 1, 0.01), "sigmoid": y * (1 - y), "tanh": 1 - y * y}[activation]
+    gx = gpu(cuda, np.empty_like(v))
+    assert cuda.kernel("activation_backward")(gpu(cuda, cached), gpu(cuda, g), gx, activation, 0.01) is gx
     np.testing.assert_allclose(cuda.to_host(gx), g * slope, RTOL, ATOL)
-    np.testing.assert_allclose(cuda.to_host(gb), (g * slope).sum(0), RTOL, 1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_linear_kernels_match_the_core_linear_on_the_cpu(cuda: Any, dtype: type) -> None:
+    from neuroflow import ops
+
+    rng = np.random.default_rng(5)
+    layer = ops.Linear(70, 33, dtype=dtype)
+    x = rng.standard_normal((300, 70)).astype(dtype)
+    g = rng.standard_normal((300, 33)).astype(dtype)
+    y = layer.forward(x)
+    layer.backward(g)
+    w, b = gpu(cuda, layer.weight.data), gpu(cuda, layer.bias.data)
+    out = gpu(cuda, np.empty_like(y))
+    assert cuda.kernel("linear")(gpu(cuda, x), w, b, out) is out
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-10}
+    np.testing.assert_allclose(cuda.to_host(out), y, **tol)
+    gw, gb = gpu(cuda, np.empty_like(layer.weight.data)), gpu(cuda, np.empty_like(layer.bias.data))
+    wide = gpu(cuda, np.concatenate([g, g[:, :5]], axis=1))
+    for grad in (gpu(cuda, g), wide[:, :33]):  # contiguous, and a strided slice of a wider gradient
+        cuda.kernel("linear_weight_grad")(grad, gpu(cuda, x), gw, gb)
+        np.testing.assert_allclose(cuda.to_host(gw), layer.weight.grad, **tol)
+        np.testing.assert_allclose(cuda.to_host(gb), layer.bias.grad, **tol)
+
+
+def test_a_linear_on_cuda_trains_as_its_generic_code_does(cuda: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same steps with the fused Linear kernels and with them handed back to the generic code."""
+    import neuroflow as nf
+    from neuroflow_cuda.backend import CudaBackend
+
+    def train(disabled: str) -> np.ndarray:
+        monkeypatch.setenv("NEUROFLOW_CUDA_DISABLE", disabled)
+        backend = CudaBackend(0)
+        assert (backend.kernel("linear") is None) == bool(disabled)
+        nf.manual_seed(0)
+        model = nf.Sequential(nf.ops.Linear(20, 16), nf.ops.ReLU(), nf.ops.Linear(16, 4))
+        trainer = nf.Trainer(model, optimizer=nf.optim.SGD(lr=0.1), device=backend, batch_size=32, progress=False)
+        rng = np.random.default_rng(0)
+        x, y = rng.standard_normal((64, 20)).astype(np.float32), rng.integers(0, 4, 64)
+        for _ in range(3):
+            trainer.train_step(x, y)
+        return trainer.predict(x)
+
+    np.testing.assert_allclose(train(""), train("linear,linear_weight_grad"), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
@@ -51,55 +89,6 @@ def test_softmax_cross_entropy_matches_the_core_loss(cuda: Any, smoothing: float
     assert got == pytest.approx(expected, rel=1e-5)
     cuda.kernel("softmax_cross_entropy_backward")(probs, gpu(cuda, labels), 0.5, smoothing)
     np.testing.assert_allclose(cuda.to_host(probs), grad, RTOL, 1e-6)
-
-
-@pytest.mark.parametrize("relu", [False, True])
-def test_batchnorm_matches_the_vision_op(cuda: Any, relu: bool) -> None:
-    from neuroflow import ops
-
-    rng = np.random.default_rng(2)
-    x = (rng.standard_normal((8, 5, 5, 12)) * 3 + 2).astype(np.float32)
-    g = rng.standard_normal(x.shape).astype(np.float32)
-    bn = ops.BatchNorm2d(12, layout="NHWC", activation="relu" if relu else None)
-    bn.weight.data[...] = rng.uniform(0.5, 1.5, 12)
-    bn.bias.data[...] = rng.standard_normal(12)
-    y, gx = bn.forward(x), bn.backward(g)
-    c = 12
-    x2, y2 = gpu(cuda, x.reshape(-1, c)), gpu(cuda, np.empty((x.size // c, c), np.float32))
-    mean, invstd = gpu(cuda, np.empty(c, np.float32)), gpu(cuda, np.empty(c, np.float32))
-    rm, rv = gpu(cuda, np.zeros(c, np.float32)), gpu(cuda, np.ones(c, np.float32))
-    gamma, beta = gpu(cuda, bn.weight.data), gpu(cuda, bn.bias.data)
-    cuda.kernel("batchnorm_forward")(x2, gamma, beta, y2, mean, invstd, 1e-5, 0.1, rm, rv, relu)
-    np.testing.assert_allclose(cuda.to_host(y2).reshape(x.shape), y, 1e-4, 1e-4)
-    np.testing.assert_allclose(cuda.to_host(rm), bn.running_mean.data, 1e-4, 1e-5)
-    np.testing.assert_allclose(cuda.to_host(rv), bn.running_var.data, 1e-4, 1e-5)
-    gx2, gg, gbeta = gpu(cuda, np.empty_like(g).reshape(-1, c)), gpu(cuda, np.empty(c, np.float32)), gpu(cuda, np.empty(c, np.float32))
-    cuda.kernel("batchnorm_backward")(x2, gpu(cuda, g.reshape(-1, c)), gamma, mean, invstd, gx2, gg, gbeta,
-                                      y2 if relu else None)
-    np.testing.assert_allclose(cuda.to_host(gx2).reshape(x.shape), gx, 1e-3, 1e-4)
-    np.testing.assert_allclose(cuda.to_host(gg), bn.weight.grad, 1e-3, 1e-3)
-    np.testing.assert_allclose(cuda.to_host(gbeta), bn.bias.grad, 1e-3, 1e-3)
-
-
-@pytest.mark.parametrize("stride,dilation,groups", [((1, 1), (1, 1), 1), ((2, 2), (1, 1), 1), ((1, 2), (2, 1), 2)])
-def test_im2col_and_col2im_match_the_vision_windows(cuda: Any, stride: tuple[int, int], dilation: tuple[int, int],
-                                                     groups: int) -> None:
-    from neuroflow_ops_vision.windows import Geometry, im2col
-
-    rng = np.random.default_rng(3)
-    xpad = rng.standard_normal((2, 9, 10, 4)).astype(np.float32)
-    geo = Geometry((3, 3), stride, (0, 0), dilation)
-    out_hw = geo.out_hw((9, 10))
-    col = np.empty((2, *out_hw, groups, 3, 3, 4 // groups), np.float32)
-    im2col(np, xpad, geo, out_hw, groups, col)
-    dcol = gpu(cuda, np.empty_like(col))
-    cuda.kernel("im2col")(gpu(cuda, xpad), dcol, stride, dilation)
-    np.testing.assert_array_equal(cuda.to_host(dcol), col)
-    # col2im is im2col's adjoint: <im2col(x), c> == <x, col2im(c)> for any c
-    c = rng.standard_normal(col.shape).astype(np.float32)
-    gx = gpu(cuda, np.empty_like(xpad))
-    cuda.kernel("col2im")(gpu(cuda, c), gx, stride, dilation)
-    assert float((cuda.to_host(gx) * xpad).sum()) == pytest.approx(float((col * c).sum()), rel=1e-4)
 
 
 @pytest.mark.parametrize("name,kwargs", [

@@ -91,10 +91,11 @@ def test_float64_on_a_device_without_double_precision(backend: Any, xp: Any, mon
 
 def test_an_array_of_another_device_is_refused(backend: Any, xp: Any) -> None:
     from neuroflow_opencl.device import Device
+    from neuroflow_opencl.namespace import Namespace
 
     index = backend.cl_device.index
     other = Device(index)  # a second context on the same hardware is another device to OpenCL
-    foreign = other.namespace.asarray(np.ones(3, np.float32))
+    foreign = Namespace.of(other).asarray(np.ones(3, np.float32))
     with pytest.raises(ValueError, match=f"array lives on <opencl:{index} .*>, not on <opencl:{index} .*>; copy it "
                                          "through the host"):
         xp.asarray(foreign)

@@ -15,7 +15,7 @@ from neuroflow.losses import CrossEntropy
 
 def _fused_loss(backend, smoothing=0.0):
     loss = CrossEntropy(label_smoothing=smoothing)
-    loss.backend = backend  # as the Trainer sets it
+    loss.to(backend)  # as the Trainer does
     return loss
 
 

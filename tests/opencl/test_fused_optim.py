@@ -30,8 +30,7 @@ def _train(optimizer: Any, xp: Any, data: np.ndarray, grads: list[np.ndarray], b
     params = [Tensor(np.zeros(lead, data.dtype), requires_grad=True)] if lead else []
     params.append(Tensor(data.copy(), requires_grad=True))
     flat = FlatParameters([Tensor(xp.asarray(p.data), requires_grad=True) for p in params], xp)
-    optimizer.backend = backend
-    optimizer.bind(flat)
+    optimizer.bind(flat, backend)
     for g in grads:
         flat.grad[lead:] = xp.asarray(g)
         optimizer.step()

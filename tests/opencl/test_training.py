@@ -58,7 +58,7 @@ def test_arena_allocator_gives_the_direct_allocators_losses(backend: Any) -> Non
 @pytest.mark.parametrize("allocator", ["arena", "direct"])
 def test_trainer_reports_the_allocator_it_uses(backend: Any, allocator: str) -> None:
     trainer = nf.Trainer(nf.Sequential(ops.Linear(4, 2)), device=backend.device, allocator=allocator, progress=False)
-    assert trainer.allocator_name == allocator and trainer.backend is backend
+    assert trainer.options.allocator_name == allocator and trainer.backend is backend
     rng = np.random.default_rng(0)
     first = trainer.train_step(rng.standard_normal((8, 4)).astype(np.float32), rng.integers(0, 2, 8))
     assert np.isfinite(first)

@@ -93,7 +93,7 @@ def test_the_trainer_fuses_and_the_plan_shrinks_to_that_of_the_hand_fused_model(
                                   MaxPool2d(2, layout="NHWC", activation="relu"), flatten, linear)
         trainer = nf.Trainer(model, optimizer=nf.optim.SGD(lr=0.1), batch_size=16, progress=False, seed=0)
         trainer.train_step(x, y)
-        arenas[name] = trainer._plan.arena_bytes
+        arenas[name] = trainer.memory.plan.arena_bytes
         if name == "pytorch style":
             assert any(isinstance(layer, ActivationFused) for layer in model._run)
     assert arenas["pytorch style"] == arenas["hand fused"]

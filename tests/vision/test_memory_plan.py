@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import neuroflow as nf
+from neuroflow.trainer.budget import static_bytes
 from neuroflow_ops_vision import resnet18
 
 NUMPY_DATA = tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)
@@ -92,7 +93,7 @@ def test_gradients_written_whole_are_not_zeroed_and_training_is_unchanged(monkey
                              progress=False)
         trainer.fit((x, y), epochs=2)
         runs.append([p.data.copy() for p in trainer.model.parameters()])
-        skipped.append({name for name, p in trainer.model.named_parameters() if id(p) in trainer._pool.whole_gradients})
+        skipped.append({name for name, p in trainer.model.named_parameters() if id(p) in trainer.memory.pool.whole_gradients})
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
     kernels = {name for name, p in small_resnet().named_parameters() if p.data.ndim == 4}
@@ -117,7 +118,7 @@ def test_update_in_backward_trains_a_resnet_identically_without_its_kernels_grad
     assert kept == {name for name, p in streaming.model.named_parameters() if p.data.ndim == 1} - {"fc.bias"}
     streamed_bytes = sum(p.data.nbytes for p in streaming.model.parameters()) - sum(
         p.data.nbytes for name, p in streaming.model.named_parameters() if name in kept)
-    assert trainers[0]._static_bytes() - streaming._static_bytes() == streamed_bytes
+    assert static_bytes(trainers[0].memory) - static_bytes(streaming.memory) == streamed_bytes
 
 
 def test_update_in_backward_adds_almost_nothing_to_resnet18s_arena() -> None:
@@ -132,7 +133,7 @@ def test_update_in_backward_adds_almost_nothing_to_resnet18s_arena() -> None:
                              progress=False, update_in_backward=update_in_backward)
         for _ in range(2):  # streaming traces its second step
             trainer.train_step(x, y)
-        arenas.append(trainer._plan.arena_bytes)
+        arenas.append(trainer.memory.plan.arena_bytes)
     assert arenas[1] <= 1.02 * arenas[0], arenas
 
 
@@ -152,7 +153,7 @@ def test_a_batch_in_uneven_chunks_keeps_its_plan() -> None:
     trainer = nf.Trainer(model, optimizer=nf.optim.SGD(lr=0.1), batch_size=5, progress=False)
     rng = np.random.default_rng(0)
     trainer.train_step(rng.standard_normal((5, 3, 8, 8)).astype(np.float32), rng.integers(0, 3, 5))
-    assert trainer._plan is not None and trainer._pool.grads_zeroed
+    assert trainer.memory.plan is not None and trainer.memory.pool.grads_zeroed
 
 
 def test_a_downsampling_blocks_shortcut_output_dies_with_its_forward() -> None:
@@ -194,7 +195,7 @@ def test_block_outputs_die_in_forward_and_are_recomputed_in_backward() -> None:
                              optimizer=nf.optim.SGD(lr=0.05, momentum=0.9), batch_size=8, seed=1, progress=False)
         trainer.fit((x, y), epochs=2)
         runs.append([p.data.copy() for p in trainer.model.parameters()])
-        arenas.append(trainer._plan.arena_bytes)
+        arenas.append(trainer.memory.plan.arena_bytes)
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
     assert arenas[1] < 0.9 * arenas[0], arenas  # 15.0 MiB against 17.2 (ResNet-18 at batch 32: 110.4 against 137.9)

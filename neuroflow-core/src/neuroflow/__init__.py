@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from neuroflow.version import __version__ as __version__
 
 _ATTRIBUTES = {
     "Tensor": "neuroflow.tensor",

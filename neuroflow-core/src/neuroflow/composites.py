@@ -49,18 +49,15 @@ class Sequential(Operator):
         self._input_shapes: list[tuple[int, ...]] = []
         self._fused: tuple[tuple[Operator, ...], list[Operator]] | None = None  # (layers fused, what runs)
 
-    def use_fused_layers(self) -> int:
-        """Run activations inside the layers next to them where those can apply them (see
-        :mod:`neuroflow.fusion`); returns how many run so. The layers themselves are unchanged."""
-        from neuroflow.fusion import fused_layers
-
-        run = fused_layers(self.layers)
-        self._fused = (tuple(self.layers), run) if len(run) < len(self.layers) else None
-        return len(self.layers) - len(run)
+    def run_as(self, run: list[Operator]) -> None:
+        """Execute ``run`` in place of the layers: the same computation regrouped (activations run inside
+        their neighbours, see :mod:`neuroflow.fusion`), until the layers change. The layers themselves,
+        the configuration and saved files stay as they are; ``run`` equal to the layers runs them again."""
+        self._fused = None if list(run) == self.layers else (tuple(self.layers), list(run))
 
     @property
     def _run(self) -> list[Operator]:
-        """The layers as they execute: fused where :meth:`use_fused_layers` fused them and nothing changed since."""
+        """The layers as they execute: as :meth:`run_as` regrouped them when nothing changed since."""
         fused = self._fused  # operators compare by identity, so equal tuples hold the very same layers
         return fused[1] if fused is not None and fused[0] == tuple(self.layers) else self.layers
 

@@ -25,7 +25,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from neuroflow.composites import Sequential
 from neuroflow.operator import Operator
+from neuroflow.ops.activations import ReLU
 
 
 class ActivationFused(Operator):
@@ -36,8 +38,8 @@ class ActivationFused(Operator):
         self.op = op
         self.activation = activation
         object.__setattr__(self, "absorbed", absorbed)  # not a child: the model runs it no more, but still owns it
-        object.__setattr__(self, "_pool", op._pool)
-        object.__setattr__(self, "_backend", op._backend)
+        object.__setattr__(self, "_pool", op.buffer_pool)  # where the op runs, without moving its parameters again
+        object.__setattr__(self, "_backend", op.placed_on)
 
     @property
     def backward_reads_input(self) -> bool:  # type: ignore[override]
@@ -76,8 +78,6 @@ class ActivationFused(Operator):
 
 def activation_of(layer: Operator) -> str | None:
     """The name ops know ``layer`` by when it is a plain activation they can absorb ("relu"), else None."""
-    from neuroflow.ops.activations import ReLU
-
     return "relu" if type(layer) is ReLU else None
 
 
@@ -111,6 +111,10 @@ def fuse(model: Operator) -> int:
 
     Idempotent; a Sequential whose layers change afterwards runs its layers as they are.
     """
-    from neuroflow.composites import Sequential
-
-    return sum(module.use_fused_layers() for module in model.modules() if isinstance(module, Sequential))
+    fused = 0
+    for module in model.modules():
+        if isinstance(module, Sequential):
+            run = fused_layers(module.layers)
+            module.run_as(run)
+            fused += len(module.layers) - len(run)
+    return fused

@@ -3,6 +3,14 @@
 An operator caches in ``forward`` exactly what its ``backward`` needs and
 says so through :meth:`Operator.memory_declaration`, which the memory planner
 reads. Parameter gradients accumulate into the parameters' ``grad`` buffers.
+
+What an op, a composite and a third-party op author use (the public API,
+``docs/plugins/write-an-op-plugin.md``): :meth:`Operator.buffer` for outputs
+and workspaces, :meth:`Operator.grad_target` / :meth:`Operator.accumulate_grad`
+for parameter gradients, :meth:`Operator.save_input` / :attr:`Operator.saved_input`
+for the input backward reads (which a composite may point at a recomputed
+copy), :attr:`Operator.buffer_pool` for the buffer pool attached, and
+:meth:`Operator.is_on` / :attr:`Operator.placed_on` for where it runs.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from neuroflow.backends.selection import cpu_backend
 from neuroflow.errors import ShapeError
 from neuroflow.tensor import Tensor
 
@@ -67,6 +76,7 @@ class Operator:
     _children: dict[str, Operator]
     _backend: Backend | None
     _pool: Any
+    _saved_input: Any
 
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", {})
@@ -74,6 +84,7 @@ class Operator:
         object.__setattr__(self, "_children", {})
         object.__setattr__(self, "_backend", None)
         object.__setattr__(self, "_pool", None)
+        object.__setattr__(self, "_saved_input", None)
 
     # ----------------------------------------------------------------- attributes
     def __setattr__(self, name: str, value: Any) -> None:
@@ -98,6 +109,23 @@ class Operator:
 
     def __call__(self, x: Any) -> Any:
         return self.forward(x)
+
+    # ----------------------------------------------------------------- what backward reads
+    def save_input(self, x: Any) -> None:
+        """Keep ``x`` for backward: the input forward was given, or the view of it that backward reads.
+
+        An op's forward calls this. A composite that let the array's memory go
+        after forward and recomputed it elsewhere calls it too, before the op's
+        backward, with the same values in the same form, so backward reads the
+        copy (``BasicBlock.read_input_from`` in neuroflow-ops-vision).
+        """
+        object.__setattr__(self, "_saved_input", x)
+
+    @property
+    def saved_input(self) -> Any:
+        """The array the last :meth:`save_input` kept; None before the first forward, or for an op that keeps
+        its input otherwise. A composite reads it to size a recomputation or to hand it to another child."""
+        return self._saved_input
 
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         """The shape ``forward`` returns for an input of ``input_shape``; raises ShapeError when invalid."""
@@ -174,11 +202,21 @@ class Operator:
 
     @property
     def backend(self) -> Backend:
+        """The backend this operator runs on: where :meth:`to` placed it, or the cpu backend."""
         if self._backend is None:
-            from neuroflow.backends.selection import cpu_backend
-
             return cpu_backend()
         return self._backend
+
+    @property
+    def placed_on(self) -> Backend | None:
+        """The backend :meth:`to` placed this operator on, or None when it never moved (it then computes with
+        numpy on host arrays and asks no backend for fused kernels, though :attr:`backend` says cpu)."""
+        return self._backend
+
+    def is_on(self, backend: Backend) -> bool:
+        """Whether this operator and every operator under it were placed on ``backend`` with :meth:`to` (a
+        caller that needs the model there moves it when not)."""
+        return self._backend is backend and all(child.is_on(backend) for child in self._children.values())
 
     @property
     def xp(self) -> Any:
@@ -190,33 +228,48 @@ class Operator:
         return None if self._backend is None else self._backend.fused(name, like)
 
     def to(self, backend: Backend) -> Operator:
-        """Move parameters and buffers to ``backend`` and run there from now on."""
-        for module in self.modules():
-            for tensor in list(module._parameters.values()) + list(module._buffers.values()):
-                host = module.backend.to_host(tensor.data)
-                tensor.data = backend.from_host(host)
-                if tensor.grad is not None:
-                    tensor.grad = backend.from_host(module.backend.to_host(tensor.grad))
-            object.__setattr__(module, "_backend", backend)
-            module._moved_to(backend)
+        """Move parameters and buffers to ``backend`` and run there from now on (this operator, then each child)."""
+        for tensor in self._own_tensors():
+            host = self.backend.to_host(tensor.data)
+            tensor.data = backend.from_host(host)
+            if tensor.grad is not None:
+                tensor.grad = backend.from_host(self.backend.to_host(tensor.grad))
+        object.__setattr__(self, "_backend", backend)
+        self._moved_to(backend)
+        for child in self._children.values():
+            child.to(backend)
         return self
+
+    def _own_tensors(self) -> list[Tensor]:
+        """This operator's own parameters and buffers (not its children's)."""
+        return list(self._parameters.values()) + list(self._buffers.values())
 
     def _moved_to(self, backend: Backend) -> None:
         """Called after this operator moved to ``backend``; ops drop backend-specific caches here."""
 
     def astype(self, dtype: Any) -> Operator:
         """Convert parameters and buffers to ``dtype`` (float64 for gradient checks)."""
-        for module in self.modules():
-            for tensor in list(module._parameters.values()) + list(module._buffers.values()):
-                tensor.data = tensor.data.astype(dtype)
-                if tensor.grad is not None:
-                    tensor.grad = tensor.grad.astype(dtype)
+        for tensor in self._own_tensors():
+            tensor.data = tensor.data.astype(dtype)
+            if tensor.grad is not None:
+                tensor.grad = tensor.grad.astype(dtype)
+        for child in self._children.values():
+            child.astype(dtype)
         return self
+
+    @property
+    def buffer_pool(self) -> BufferPool | TracingPool | None:
+        """The buffer pool :meth:`attach_pool` gave this operator (the Trainer's, or the memory profile's
+        tracer), or None: :meth:`buffer` then allocates. A composite asks it whether a step is being traced
+        (``buffer_pool is not None and buffer_pool.tracing``; named so that a child called ``pool``, as
+        a user's CNN often has, stays free) to report the lifetimes of the arrays it hands between children."""
+        return self._pool
 
     def attach_pool(self, pool: BufferPool | TracingPool | None) -> None:
         """Give this operator tree the buffer pool its forward/backward outputs come from."""
-        for module in self.modules():
-            object.__setattr__(module, "_pool", pool)
+        object.__setattr__(self, "_pool", pool)
+        for child in self._children.values():
+            child.attach_pool(pool)
 
     def zero_grad(self) -> None:
         for tensor in self.trainable_parameters():

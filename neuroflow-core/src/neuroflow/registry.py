@@ -1,4 +1,4 @@
-"""Entry-point registries: backends, ops, allocators, models and plugins, loaded only when used."""
+"""Entry-point registries: backends, ops, allocators, models, datasets, ONNX converters and plugins, loaded only when used."""
 
 from __future__ import annotations
 
@@ -10,18 +10,20 @@ from neuroflow.errors import PluginLoadError, UnknownNameError
 
 CORE_DISTRIBUTION = "neuroflow-core"
 
-#: Names this project knows about and the distribution that provides each, so
-#: an error can say what to install rather than only what is missing.
+#: The one table of names this project's distributions provide, so an error for a name that is not
+#: installed can say what to install rather than only what is missing. tests/core/test_registry.py checks
+#: it against the entry points the installed distributions declare.
 KNOWN_PROVIDERS: dict[str, dict[str, str]] = {
     "neuroflow_backends": {"cuda": "neuroflow-cuda", "opencl": "neuroflow-opencl"},
     "neuroflow_ops": {
         **{name: "neuroflow-ops-vision" for name in (
             "Conv2d", "DepthwiseConv2d", "SeparableConv2d", "BatchNorm2d", "MaxPool2d", "AvgPool2d",
-            "GlobalAvgPool2d", "SqueezeExcite", "Upsample", "ChannelConcat",
+            "GlobalAvgPool2d", "SqueezeExcite", "Upsample", "ChannelConcat", "ConvertLayout", "BasicBlock", "ResNet",
         )},
         **{name: "neuroflow-ops-recurrent" for name in ("Elman", "WaveletElman", "GRU", "LSTM")},
     },
     "neuroflow_models": {"resnet18": "neuroflow-ops-vision", "neuroflow_cnn": "neuroflow-ops-vision"},
+    "neuroflow_datasets": {"sunspots": "neuroflow-ops-recurrent"},
     "neuroflow_allocators": {},
     "neuroflow_plugins": {},
 }
@@ -74,6 +76,10 @@ class Registry:
         ep = self._discover().get(name)
         return ep.dist.name if ep is not None and ep.dist is not None else None
 
+    def provider(self, name: str) -> str | None:
+        """The distribution to install for ``name`` when it is not installed, from :data:`KNOWN_PROVIDERS`."""
+        return KNOWN_PROVIDERS.get(self.group, {}).get(name)
+
     def __contains__(self, name: str) -> bool:
         return name in self._local or name in self._discover()
 
@@ -85,7 +91,7 @@ class Registry:
             return self._loaded[name]
         ep = self._discover().get(name)
         if ep is None:
-            provider = KNOWN_PROVIDERS.get(self.group, {}).get(name)
+            provider = self.provider(name)
             available = [n for n in self.names() if n not in self.failures]
             raise UnknownNameError(self.kind, name, available, provider)
         try:
@@ -120,6 +126,8 @@ backends = Registry("neuroflow_backends", "backend")
 ops = Registry("neuroflow_ops", "op")
 allocators = Registry("neuroflow_allocators", "allocator")
 models = Registry("neuroflow_models", "model")
+datasets = Registry("neuroflow_datasets", "dataset")
+onnx_converters = Registry("neuroflow_onnx", "ONNX converter")
 plugins = Registry("neuroflow_plugins", "plugin")
 
-ALL = (backends, ops, allocators, models, plugins)
+ALL = (backends, ops, allocators, models, datasets, onnx_converters, plugins)

@@ -82,7 +82,7 @@ class CudaBackend(Backend):
     def device_count(cls) -> int:
         if not cls.is_available():
             return 0
-        import cupy
+        import cupy  # lazy: optional and heavy; imported only once it is known to be installed
 
         return probe.device_count(cupy)
 

@@ -48,6 +48,25 @@ class OffloadHandle:
         return int(self.host.nbytes)
 
 
+class PinnedBuffers:
+    """Pinned host buffers by shape and dtype: one given back is handed out again for the next of its shape."""
+
+    def __init__(self, runtime: CopyRuntime) -> None:
+        self.runtime = runtime
+        self._free: dict[tuple[tuple[int, ...], str], list[Any]] = {}
+        self.allocations = 0
+
+    def take(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        free = self._free.get((shape, str(dtype)))
+        if free:
+            return free.pop()
+        self.allocations += 1
+        return self.runtime.empty_pinned(shape, dtype)
+
+    def give_back(self, host: Any, shape: tuple[int, ...], dtype: Any) -> None:
+        self._free.setdefault((shape, str(dtype)), []).append(host)
+
+
 class AsyncOffloader:
     """Moves arrays between device and pinned host memory on its own stream, never blocking the host."""
 
@@ -55,9 +74,13 @@ class AsyncOffloader:
         self.runtime = runtime
         self.stream = runtime.new_stream()
         self._in_flight: list[tuple[Any, Any]] = []  # (event, object that must live until it completes)
-        self._staging: dict[tuple[tuple[int, ...], str], list[Any]] = {}
-        self.pinned_allocations = 0
+        self.staging = PinnedBuffers(runtime)
         self.bytes_out = 0
+
+    @property
+    def pinned_allocations(self) -> int:
+        """Pinned host buffers allocated so far (a tensor that goes back and forth needs one)."""
+        return self.staging.allocations
 
     def unload(self, array: Any) -> OffloadHandle:
         """Start copying ``array`` to host memory; its device memory is released once the copy completes."""
@@ -66,7 +89,7 @@ class AsyncOffloader:
                              f"of shape {getattr(array, 'shape', None)}: pass the tensor's own buffer, not a strided view")
         rt = self.runtime
         self.collect()
-        host = self._staging_buffer(tuple(array.shape), array.dtype)
+        host = self.staging.take(tuple(array.shape), array.dtype)
         rt.wait(self.stream, rt.record(rt.compute_stream()))  # what compute wrote so far is copied
         rt.to_host(array, host, self.stream)
         copied = rt.record(self.stream)
@@ -85,7 +108,7 @@ class AsyncOffloader:
         rt.wait(rt.compute_stream(), back)
         handle.reloaded = True
         # The pinned buffer is read by the copy until ``back`` completes; only then may it be reused.
-        self._in_flight.append((back, _Return(self, handle)))
+        self._in_flight.append((back, _Return(self.staging, handle)))
         self.collect()
         return device
 
@@ -105,30 +128,22 @@ class AsyncOffloader:
     def in_flight(self) -> int:
         return len(self._in_flight)
 
-    def _staging_buffer(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        free = self._staging.get((shape, str(dtype)))
-        if free:
-            return free.pop()
-        self.pinned_allocations += 1
-        return self.runtime.empty_pinned(shape, dtype)
-
 
 class _Return:
-    """Gives a reloaded handle's pinned buffer back to the staging lists once its copy has completed."""
+    """Gives a reloaded handle's pinned buffer back to the staging buffers once its copy has completed."""
 
-    def __init__(self, owner: AsyncOffloader, handle: OffloadHandle) -> None:
-        self.owner, self.handle = owner, handle
+    def __init__(self, staging: PinnedBuffers, handle: OffloadHandle) -> None:
+        self.staging, self.handle = staging, handle
 
     def give_back(self) -> None:
-        key = (self.handle.shape, str(self.handle.dtype))
-        self.owner._staging.setdefault(key, []).append(self.handle.host)
+        self.staging.give_back(self.handle.host, self.handle.shape, self.handle.dtype)
 
 
 class CupyCopyRuntime:
     """:class:`CopyRuntime` over CuPy: non-blocking streams, events, ``cupyx.empty_pinned``."""
 
     def __init__(self, cupy: Any) -> None:
-        import cupyx
+        import cupyx  # lazy: CuPy is optional and heavy; imported when a cuda backend opens, not with this module
 
         self.cupy, self._cupyx = cupy, cupyx
 

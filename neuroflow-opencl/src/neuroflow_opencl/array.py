@@ -2,15 +2,19 @@
 
 Views never create sub-buffers (their alignment rules break a planner's
 offsets on real drivers): the offset travels to every kernel as an argument.
-The class implements the part of numpy's ndarray that NeuroFlow's ops use;
-arithmetic goes through generated kernels, nothing here waits for the device
-except reading values back to the host.
+The class implements the part of numpy's ndarray that NeuroFlow's ops use.
+It knows no kernel: its arithmetic, reductions, host copies and integer-array
+indexing go through ``ClArray.kernels``, an ``ArrayKernels`` that
+``neuroflow_opencl.namespace`` (above every kernel module) installs when it is
+imported. Nothing here waits for the device except reading values back to the host.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -28,10 +32,28 @@ if TYPE_CHECKING:
     from neuroflow_opencl.device import Device
 
 
+@dataclass(frozen=True)
+class ArrayKernels:
+    """The device work behind ClArray's methods, one function each (the modules that hold them sit above
+    this one; ``neuroflow_opencl.namespace`` installs the one instance as ``ClArray.kernels``)."""
+
+    apply: Callable[..., ClArray]  # elementwise.apply(name, *operands, out=None, dtype=None)
+    reduce: Callable[..., ClArray]  # reduction.reduce(kind, a, axis, keepdims, out, dtype)
+    arg_reduce: Callable[..., ClArray]  # reduction.arg_reduce(kind, a, axis, out, keepdims)
+    matmul: Callable[[ClArray, Any], ClArray]
+    gather: Callable[[ClArray, Any], ClArray]  # a[key] for an integer-array key
+    scatter: Callable[[ClArray, Any, Any], None]  # a[key] = value for an integer-array key
+    from_host: Callable[[Device, np.ndarray], ClArray]
+    write: Callable[[ClArray, np.ndarray], None]  # a host array into a device array, in place
+    to_host: Callable[[ClArray], np.ndarray]
+    namespace: Callable[[Device], Any]  # the one namespace (backend.xp) over a device's arrays
+
+
 class ClArray:
     """A device array; ``offset`` and ``strides`` count elements of ``dtype``, not bytes."""
 
     __array_priority__ = 100  # numpy defers binary operators with a ClArray on the right to us
+    kernels: ClassVar[ArrayKernels]
 
     def __init__(self, device: Device, buffer: Any, shape: Shape, dtype: Any, offset: int = 0,
                  strides: Shape | None = None, base: ClArray | None = None, address: int = 0) -> None:
@@ -83,7 +105,7 @@ class ClArray:
     @property
     def T(self) -> ClArray:  # noqa: N802 - numpy's name
         if len(self.shape) == 2:  # a weight's transpose, several per step: no axis bookkeeping
-            return self._view(self.offset, self.shape[::-1], self.estrides[::-1])
+            return self.view_at(self.offset, self.shape[::-1], self.estrides[::-1])
         return self.transpose()
 
     def __len__(self) -> int:
@@ -92,13 +114,15 @@ class ClArray:
         return self.shape[0]
 
     def __array_namespace__(self, api_version: str | None = None) -> Any:
-        return self.device.namespace
+        return self.kernels.namespace(self.device)
 
     def __repr__(self) -> str:
         return f"ClArray({self.get()!r}, device=opencl:{self.device.index})"
 
     # ------------------------------------------------------------------ views
-    def _view(self, offset: int, shape: Shape, strides: Shape, dtype: Any = None) -> ClArray:
+    def view_at(self, offset: int, shape: Shape, strides: Shape, dtype: Any = None) -> ClArray:
+        """A view of this array's buffer from element ``offset`` with ``shape`` and ``strides`` (in elements of
+        ``dtype``, by default this array's)."""
         return ClArray(self.device, self.buffer, shape, dtype or self.dtype, offset, strides,
                        self if self.base is None else self.base, self.address)
 
@@ -108,12 +132,12 @@ class ClArray:
         if len(shape) == 1 and not isinstance(shape[0], int):
             shape = tuple(shape[0])
         if shape == self.shape:  # ops reshape outputs to the shape they have: no stride arithmetic for that
-            return self._view(self.offset, self.shape, self.estrides)
+            return self.view_at(self.offset, self.shape, self.estrides)
         new_shape = normalize_shape(shape, self.size)
         strides = reshape_strides(self.shape, self.estrides, new_shape)
         if strides is None:
             return self.copy().reshape(new_shape)
-        return self._view(self.offset, new_shape, strides)
+        return self.view_at(self.offset, new_shape, strides)
 
     def ravel(self) -> ClArray:
         return self.reshape(-1)
@@ -125,7 +149,7 @@ class ClArray:
             a % self.ndim for a in axes)
         if sorted(order) != list(range(self.ndim)):
             raise ValueError(f"axes {axes} don't match array of {self.ndim} dimensions")
-        return self._view(self.offset, tuple(self.shape[a] for a in order), tuple(self.estrides[a] for a in order))
+        return self.view_at(self.offset, tuple(self.shape[a] for a in order), tuple(self.estrides[a] for a in order))
 
     def swapaxes(self, a: int, b: int) -> ClArray:
         order = list(range(self.ndim))
@@ -136,49 +160,41 @@ class ClArray:
         """Reinterpret a dense array's bytes as ``dtype`` (the arena hands out typed views of a byte block)."""
         new = np.dtype(dtype)
         if new == self.dtype:
-            return self._view(self.offset, self.shape, self.estrides)
+            return self.view_at(self.offset, self.shape, self.estrides)
         if not self.is_contiguous or not self.ndim:
             raise ValueError("only a dense array with at least one dimension can change dtype in place")
         byte_offset, nbytes = self.offset * self.itemsize, self.shape[-1] * self.itemsize
         if byte_offset % new.itemsize or nbytes % new.itemsize:
             raise ValueError(f"a view at byte offset {byte_offset} of {nbytes} bytes cannot be read as {new}")
         shape = (*self.shape[:-1], nbytes // new.itemsize)
-        return self._view(byte_offset // new.itemsize, shape, contiguous_strides(shape), new)
+        return self.view_at(byte_offset // new.itemsize, shape, contiguous_strides(shape), new)
 
     def as_strided(self, shape: Shape, strides_bytes: Shape) -> ClArray:
         """numpy.lib.stride_tricks.as_strided on the device: strides in bytes, as numpy takes them."""
         if any(s % self.itemsize for s in strides_bytes):
             raise ValueError(f"strides {strides_bytes} are not multiples of the item size {self.itemsize}")
-        return self._view(self.offset, tuple(shape), tuple(s // self.itemsize for s in strides_bytes))
+        return self.view_at(self.offset, tuple(shape), tuple(s // self.itemsize for s in strides_bytes))
 
     def __getitem__(self, key: Any) -> ClArray:
         if _is_advanced(key):
-            from neuroflow_opencl.indexing import gather
-
-            return gather(self, key)
+            return self.kernels.gather(self, key)
         delta, shape, strides = basic_index(self.shape, self.estrides, key)
-        return self._view(self.offset + delta, shape, strides)
+        return self.view_at(self.offset + delta, shape, strides)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         if _is_advanced(key):
-            from neuroflow_opencl.indexing import scatter
-
-            scatter(self, key, value)
+            self.kernels.scatter(self, key, value)
             return
         target = self[key] if key is not Ellipsis else self
         target.assign(value)
 
     def assign(self, value: Any) -> None:
         """Copy ``value`` (device array, host array or scalar, broadcast) into this view."""
-        from neuroflow_opencl.elementwise import apply
-
         if isinstance(value, (np.ndarray, list, tuple)):
             value = np.asarray(value)
             if value.ndim:
-                from neuroflow_opencl.transfer import from_host
-
-                value = from_host(self.device, value)
-        apply("copy", value, out=self, dtype=self.dtype)
+                value = self.kernels.from_host(self.device, value)
+        self.kernels.apply("copy", value, out=self, dtype=self.dtype)
 
     # ------------------------------------------------------------------ copies and host
     def copy(self) -> ClArray:
@@ -190,9 +206,7 @@ class ClArray:
         if np.dtype(dtype) == self.dtype and not copy:
             return self
         out = empty(self.device, self.shape, dtype)
-        from neuroflow_opencl.elementwise import apply
-
-        apply("copy", self, out=out, dtype=out.dtype)
+        self.kernels.apply("copy", self, out=out, dtype=out.dtype)
         return out
 
     def partition(self, kth: int) -> None:
@@ -202,18 +216,14 @@ class ClArray:
             raise ValueError("the opencl backend partitions 1-D arrays only")
         host = self.get()
         host.partition(kth)
-        from neuroflow_opencl.transfer import write
-
-        write(self, host)
+        self.kernels.write(self, host)
 
     def fill(self, value: Any) -> None:
         self.assign(value)
 
     def get(self) -> np.ndarray:
         """A host copy (waits for the queued work that writes this array)."""
-        from neuroflow_opencl.transfer import to_host
-
-        return to_host(self)
+        return self.kernels.to_host(self)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         host = self.get()
@@ -243,63 +253,41 @@ class ClArray:
 
     # ------------------------------------------------------------------ reductions
     def sum(self, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
-        from neuroflow_opencl.reduction import reduce
-
-        return reduce("sum", self, axis=axis, keepdims=keepdims, out=out, dtype=dtype)
+        return self.kernels.reduce("sum", self, axis, keepdims, out, dtype)
 
     def mean(self, axis: Any = None, dtype: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
-        from neuroflow_opencl.reduction import reduce
-
-        return reduce("mean", self, axis=axis, keepdims=keepdims, out=out, dtype=dtype)
+        return self.kernels.reduce("mean", self, axis, keepdims, out, dtype)
 
     def max(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
-        from neuroflow_opencl.reduction import reduce
-
-        return reduce("max", self, axis=axis, keepdims=keepdims, out=out)
+        return self.kernels.reduce("max", self, axis, keepdims, out)
 
     def min(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
-        from neuroflow_opencl.reduction import reduce
-
-        return reduce("min", self, axis=axis, keepdims=keepdims, out=out)
+        return self.kernels.reduce("min", self, axis, keepdims, out)
 
     def any(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
-        from neuroflow_opencl.reduction import reduce
-
-        return reduce("any", self, axis=axis, keepdims=keepdims, out=out)
+        return self.kernels.reduce("any", self, axis, keepdims, out)
 
     def all(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
-        from neuroflow_opencl.reduction import reduce
-
-        return reduce("all", self, axis=axis, keepdims=keepdims, out=out)
+        return self.kernels.reduce("all", self, axis, keepdims, out)
 
     def argmax(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
-        from neuroflow_opencl.reduction import arg_reduce
-
-        return arg_reduce("argmax", self, axis, out, keepdims)
+        return self.kernels.arg_reduce("argmax", self, axis, out, keepdims)
 
     def argmin(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> ClArray:
-        from neuroflow_opencl.reduction import arg_reduce
-
-        return arg_reduce("argmin", self, axis, out, keepdims)
+        return self.kernels.arg_reduce("argmin", self, axis, out, keepdims)
 
     # ------------------------------------------------------------------ operators
     def _binary(self, name: str, other: Any, reflected: bool = False) -> Any:
-        from neuroflow_opencl.elementwise import apply
-
+        kernels = self.kernels
         if isinstance(other, np.ndarray) and other.ndim:
-            from neuroflow_opencl.transfer import from_host
-
-            other = from_host(self.device, other)
-        return apply(name, other, self) if reflected else apply(name, self, other)
+            other = kernels.from_host(self.device, other)
+        return kernels.apply(name, other, self) if reflected else kernels.apply(name, self, other)
 
     def _inplace(self, name: str, other: Any) -> ClArray:
-        from neuroflow_opencl.elementwise import apply
-
+        kernels = self.kernels
         if isinstance(other, np.ndarray) and other.ndim:
-            from neuroflow_opencl.transfer import from_host
-
-            other = from_host(self.device, other)
-        apply(name, self, other, out=self)
+            other = kernels.from_host(self.device, other)
+        kernels.apply(name, self, other, out=self)
         return self
 
     def __add__(self, o: Any) -> Any: return self._binary("add", o)
@@ -323,14 +311,10 @@ class ClArray:
     def __itruediv__(self, o: Any) -> ClArray: return self._inplace("divide", o)
 
     def __neg__(self) -> ClArray:
-        from neuroflow_opencl.elementwise import apply
-
-        return apply("negative", self)
+        return self.kernels.apply("negative", self)
 
     def __matmul__(self, other: Any) -> ClArray:
-        from neuroflow_opencl.gemm import matmul
-
-        return matmul(self, other)
+        return self.kernels.matmul(self, other)
 
     __hash__ = None  # type: ignore[assignment]
 

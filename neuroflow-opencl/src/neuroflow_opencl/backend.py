@@ -11,6 +11,7 @@ from neuroflow.backends.base import Backend
 from neuroflow_opencl import fused, selftest
 from neuroflow_opencl.array import ClArray, is_array
 from neuroflow_opencl.device import DRIVER_HELP, NO_PLATFORM_HELP, Device, all_devices, forced_vector_bytes
+from neuroflow_opencl.namespace import Namespace
 from neuroflow_opencl.offload import Offloader, Unloaded
 from neuroflow_opencl.transfer import from_host, start_to_host, to_host
 
@@ -27,7 +28,7 @@ class OpenclBackend(Backend):
     def __init__(self, index: int = 0) -> None:
         super().__init__(index)
         self.cl_device = Device(index)
-        self.xp = self.cl_device.namespace
+        self.xp = Namespace.of(self.cl_device)
         self._kernels = fused.bind(self.cl_device)
         self.offloader = Offloader(self.cl_device)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from neuroflow.errors import BackendUnavailableError
+from neuroflow.errors import BackendUnavailableError, OutOfMemoryError
 from neuroflow_opencl.cdtypes import ELEMENT_ALIGNED_VECTORS, element_aligned_vectors
 
 MAX_CONSTANTS = 4096  # parameter buffers kept per device (see Device.constants)
@@ -151,6 +151,10 @@ class Device:
         self._programs: dict[str, Any] = {}
         self._constants: dict[tuple[np.dtype, tuple[Any, ...]], Any] = {}
         self._kernels: dict[tuple[str, str], Any] = {}
+        #: The numpy-like namespace (``backend.xp``) over this device's arrays; ``Namespace.of(device)``, a
+        #: layer above, makes it on first use.
+        self.namespace: Any = None
+        # lazy: pyopencl, a heavy dependency, is imported when a device opens (see _pyopencl), not with this module
         from pyopencl.tools import ImmediateAllocator, MemoryPool
 
         # Buffers of arrays the runtime did not plan (temporaries) come back to this pool when the array
@@ -195,8 +199,6 @@ class Device:
     def allocate(self, nbytes: int) -> Any:
         """A buffer of at least ``nbytes`` bytes from the device pool."""
         if nbytes > self.facts.max_alloc_bytes:
-            from neuroflow.errors import OutOfMemoryError
-
             raise OutOfMemoryError(
                 f"{nbytes} bytes exceed the largest single allocation of {self.facts.name} "
                 f"({self.facts.max_alloc_bytes} bytes); lower the batch size or set a memory budget"
@@ -227,16 +229,6 @@ class Device:
     def synchronize(self) -> None:
         self.queue.finish()
         self._uploads.clear()
-
-    @property
-    def namespace(self) -> Any:
-        """The numpy-like namespace (``backend.xp``) over this device's arrays."""
-        ns = self.__dict__.get("_namespace")
-        if ns is None:
-            from neuroflow_opencl.namespace import Namespace
-
-            ns = self._namespace = Namespace(self)
-        return ns
 
     def constants(self, values: tuple[Any, ...], dtype: np.dtype = INT64) -> Any:
         """A read-only buffer of ``values`` as ``dtype``, made once per distinct tuple and kept.

@@ -240,6 +240,18 @@ def run(out: ClArray, expr: str, operands: tuple[Any, ...], compute: Any, predic
     plan.launch(out, operands)
 
 
+def arange(device: Any, start: Any, stop: Any = None, step: Any = 1, dtype: Any = None) -> ClArray:
+    """``numpy.arange`` on ``device``: one elementwise kernel over the global id."""
+    if stop is None:
+        start, stop = 0, start
+    n = max(0, math.ceil((stop - start) / step))
+    dtype = np.dtype(dtype) if dtype is not None else np.arange(start, start + step, step).dtype
+    out = empty(device, (n,), dtype)
+    if n:
+        run(out, "a0 + gid * a1", (start, step), dtype)
+    return out
+
+
 @cache
 def _source(expr: str, out_dtype: np.dtype, compute: np.dtype, kinds: tuple[np.dtype | None, ...], ndim: int,
             patterns: tuple[str, ...], predicate: bool, narrow: bool = False) -> tuple[str, str]:

@@ -207,7 +207,7 @@ def _plan(a: ClArray, b: ClArray, c: ClArray, batch: tuple[int, ...], m: int, n:
     if variant == "pack":
         if b.ndim != 2:
             return lambda a, b, c, bias: _gemm(a, b.copy(), c, batch, m, n, k, bias)
-        dense = b._view(0, (k, n), (n, 1))  # the layout of the copy (a plan reads layouts only)
+        dense = b.view_at(0, (k, n), (n, 1))  # the layout of the copy (a plan reads layouts only)
         copy, product = copy_plan(dense, b), _planned(a, dense, c, batch, m, n, k, bias)
 
         def pack(a: ClArray, b: ClArray, c: ClArray, bias: ClArray | None) -> None:
@@ -364,4 +364,4 @@ def _blocked_sizes(gx: int, gy: int, nb: int, units: int) -> tuple[tuple[int, in
 
 def _slice(x: ClArray, batch: tuple[int, ...], strides: tuple[int, ...], i: int) -> ClArray:
     """Index ``i`` along the first batch axis of ``x`` broadcast to ``batch`` (``strides``: its batch strides)."""
-    return x._view(x.offset + i * strides[0], (*batch[1:], *x.shape[-2:]), (*strides[1:], *x.estrides[-2:]))
+    return x.view_at(x.offset + i * strides[0], (*batch[1:], *x.shape[-2:]), (*strides[1:], *x.estrides[-2:]))

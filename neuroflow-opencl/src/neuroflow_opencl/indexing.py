@@ -17,14 +17,13 @@ import numpy as np
 
 from neuroflow_opencl.array import ClArray, empty, is_array
 from neuroflow_opencl.cdtypes import c_type, preamble
+from neuroflow_opencl.elementwise import arange, run
+from neuroflow_opencl.transfer import from_host
 from neuroflow_opencl.views import broadcast_shapes, collapse
 
 
 def _offsets(a: ClArray, key: Any) -> tuple[ClArray, tuple[int, ...], int]:
     """(element offsets of the indexed rows, trailing shape, trailing stride) for an all-integer-array key."""
-    from neuroflow_opencl.elementwise import run
-    from neuroflow_opencl.transfer import from_host
-
     keys = key if isinstance(key, tuple) else (key,)
     if len(keys) > a.ndim:
         raise IndexError(f"too many indices: array is {a.ndim}-dimensional, but {len(keys)} were indexed")
@@ -77,8 +76,6 @@ def scatter(a: ClArray, key: Any, value: Any) -> None:
 
 def take_along_axis(a: ClArray, indices: ClArray, axis: int) -> ClArray:
     """numpy.take_along_axis: ``indices`` picks along ``axis``; every other axis is matched position by position."""
-    from neuroflow_opencl.namespace import arange
-
     if indices.ndim != a.ndim:
         raise ValueError(f"indices and arr must have the same number of dimensions; got {indices.ndim} and {a.ndim}")
     axis = axis % a.ndim

@@ -3,21 +3,26 @@
 Only what NeuroFlow's core, vision and recurrent ops call is here; a
 missing name raises AttributeError naming the namespace, so an op that needs
 more fails at once with a clear message rather than on the host.
+
+This is the top of the array layers (views, array, then the kernel modules,
+then this one): importing it installs the kernels ClArray's own methods run
+(``ClArray.kernels``; array.py knows no kernel module).
 """
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from neuroflow_opencl import elementwise, reduction
-from neuroflow_opencl.array import ClArray, empty, is_array
+from neuroflow_opencl.array import ArrayKernels, ClArray, empty, is_array
+from neuroflow_opencl.device import Device
+from neuroflow_opencl.elementwise import arange
 from neuroflow_opencl.gemm import matmul
-from neuroflow_opencl.indexing import take_along_axis
-from neuroflow_opencl.transfer import from_host
+from neuroflow_opencl.indexing import gather, scatter, take_along_axis
+from neuroflow_opencl.transfer import from_host, to_host, write
 from neuroflow_opencl.views import normalize_shape
 
 
@@ -28,9 +33,17 @@ class Namespace:
     float32, float64, int32, int64, uint8, bool_ = np.float32, np.float64, np.int32, np.int64, np.uint8, np.bool_
     ndarray = ClArray
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: Device) -> None:
         self.device = device
         self.lib = SimpleNamespace(stride_tricks=SimpleNamespace(as_strided=self.as_strided))
+
+    @classmethod
+    def of(cls, device: Device) -> Namespace:
+        """The one namespace over ``device``'s arrays (``backend.xp``): made on first use, kept by the device."""
+        namespace = device.namespace
+        if namespace is None:
+            namespace = device.namespace = cls(device)
+        return namespace
 
     def __repr__(self) -> str:
         return f"<neuroflow_opencl namespace for {self.device!r}>"
@@ -148,7 +161,7 @@ class Namespace:
         for term, op in zip(terms, operands):
             strides = tuple(op.estrides[term.index(c)] if c in term and op.shape[term.index(c)] != 1 else 0
                             for c in order)
-            views.append(op._view(op.offset, shape, strides))
+            views.append(op.view_at(op.offset, shape, strides))
         expr = " * ".join(f"a{i}" for i in range(len(views)))
         reduction.contract(views, expr, "sum", len(output), out)
         return out
@@ -196,17 +209,6 @@ class Namespace:
         return elementwise.apply("where", condition, x, y)
 
 
-def arange(device: Any, start: Any, stop: Any = None, step: Any = 1, dtype: Any = None) -> ClArray:
-    if stop is None:
-        start, stop = 0, start
-    n = max(0, math.ceil((stop - start) / step))
-    dtype = np.dtype(dtype) if dtype is not None else np.arange(start, start + step, step).dtype
-    out = empty(device, (n,), dtype)
-    if n:
-        elementwise.run(out, "a0 + gid * a1", (start, step), dtype)
-    return out
-
-
 def _ufunc(name: str) -> Any:
     def call(self: Namespace, *operands: Any, out: ClArray | None = None, dtype: Any = None) -> ClArray:
         operands = tuple(from_host(self.device, op) if isinstance(op, np.ndarray) and op.ndim else op
@@ -222,3 +224,8 @@ for _name in elementwise.UFUNCS:
     if _name not in ("clip", "copy"):
         setattr(Namespace, _name, _ufunc(_name))
 Namespace.abs = Namespace.absolute  # type: ignore[attr-defined]
+
+ClArray.kernels = ArrayKernels(
+    apply=elementwise.apply, reduce=reduction.reduce, arg_reduce=reduction.arg_reduce, matmul=matmul,
+    gather=gather, scatter=scatter, from_host=from_host, write=write, to_host=to_host, namespace=Namespace.of,
+)

@@ -143,8 +143,8 @@ def contract(inputs: Sequence[ClArray], expr: str, kind: str, kept: int, out: Cl
     partial = empty(device, (parts, outputs), acc_dtype)
     _launch(inputs, expr, kind, oshape, [contiguous_strides(oshape), *osets[1:]], rshape, rsets, partial, parts,
             acc_dtype, None)
-    partials = partial._view(partial.offset, (*oshape, parts), (*contiguous_strides(oshape), outputs))
-    target = out._view(out.offset, oshape, osets[0])
+    partials = partial.view_at(partial.offset, (*oshape, parts), (*contiguous_strides(oshape), outputs))
+    target = out.view_at(out.offset, oshape, osets[0])
     contract([partials], "a0", kind, len(oshape), target, scale)
 
 

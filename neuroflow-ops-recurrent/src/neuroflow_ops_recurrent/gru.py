@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuroflow_ops_recurrent.recurrence import RecurrentLayer, sigmoid_, sum_streams
+from neuroflow_ops_recurrent.arithmetic import sigmoid_, sum_streams
+from neuroflow_ops_recurrent.recurrence import RecurrentLayer
 
 
 class GRU(RecurrentLayer):

@@ -1,21 +1,13 @@
-"""What every recurrent op shares: parameters, input checks, carried state and truncated BPTT.
+"""What every recurrent op shares: parameters, input checks, the forward and backward over a sequence.
 
 Layout is batch-first: inputs (batch, time, features), hidden sequences
 (batch, time, hidden). Parameters carry PyTorch's names, shapes and gate
 order (``weight_ih_l0`` (gates·hidden, input), ``weight_hh_l0`` (gates·hidden,
 hidden), ``bias_ih_l0``, ``bias_hh_l0``), so weights move by name.
 
-Truncation (``bptt_steps=k``) is defined per output: the gradient of the
-output at step t flows through the cells of steps t, t−1, …, t−k+1 and stops
-there; for that output the state entering step t−k+1 is a constant. This is
-Williams & Peng's BPTT(k, 1). With one output (many-to-one) that is the last
-k steps. With an output at every step, outputs whose windows overlap are
-propagated as separate gradient streams — up to k at once, held in a ring
-indexed by ``output step mod k`` — so the backward of a step costs k times
-the untruncated one. ``bptt_steps=None`` (or k ≥ time) is full BPTT.
-
-A stateful op starts each forward from the state the previous forward ended
-in, detached: no gradient flows into earlier batches.
+Truncated BPTT (``bptt_steps``) is defined in :mod:`.truncation`, the state a
+stateful op carries between forwards in :mod:`.state`, the arithmetic the
+cells share in :mod:`.arithmetic`.
 """
 
 from __future__ import annotations
@@ -29,22 +21,11 @@ from neuroflow import random
 from neuroflow.errors import ShapeError
 from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow.tensor import Tensor
+from neuroflow_ops_recurrent.arithmetic import recurrent_weight_grad, sigmoid_, sum_streams
+from neuroflow_ops_recurrent.state import carried, checked_state
+from neuroflow_ops_recurrent.truncation import Window, receive_output_gradient, window
 
-
-def sigmoid_(xp: Any, a: Any) -> None:
-    """Logistic sigmoid of ``a`` in place, as ½(1 + tanh(a/2)) so it never overflows."""
-    xp.multiply(a, 0.5, out=a)
-    xp.tanh(a, out=a)
-    a += 1.0
-    a *= 0.5
-
-
-def sum_streams(xp: Any, d: Any, out: Any) -> None:
-    """out ← Σ over the stream axis (1) of ``d``; a copy when there is one stream (a reduction costs 4× more)."""
-    if d.shape[1] == 1:
-        out[...] = d[:, 0]
-    else:
-        xp.sum(d, axis=1, out=out)
+__all__ = ["RecurrentLayer", "sigmoid_", "sum_streams"]  # the cells' arithmetic, importable from here as before
 
 
 class RecurrentLayer(Operator):
@@ -128,17 +109,7 @@ class RecurrentLayer(Operator):
         if value is None:
             self._state = None
             return
-        pair = len(self.state_names) > 1
-        parts = tuple(value) if pair and not hasattr(value, "shape") else (value,)
-        if len(parts) != len(self.state_names):
-            raise ShapeError(f"{self!r}.state takes {len(self.state_names)} arrays ({', '.join(self.state_names)})")
-        batch = parts[0].shape[0] if getattr(parts[0], "ndim", 0) == 2 else -1
-        for name, part in zip(self.state_names, parts):
-            if getattr(part, "shape", None) is None or tuple(part.shape) != (batch, self.hidden_size):
-                raise ShapeError(
-                    f"{self!r}.state: {name} has shape {getattr(part, 'shape', type(part).__name__)}; "
-                    f"expected (batch, {self.hidden_size})"
-                )
+        parts = checked_state(self, value, self.state_names, self.hidden_size)
         dtype = self.weight_hh_l0.data.dtype
         self._state = tuple(self.xp.array(part, dtype=dtype, copy=True) for part in parts)
 
@@ -160,7 +131,7 @@ class RecurrentLayer(Operator):
         self._u, self._h0, self._consumed = u, initial, False
         self._recur(u, initial)
         if self.stateful:
-            self._carry(self._final)
+            self._state = carried(self.xp, self._state, self._final)
         if self.return_sequences:
             return self._hidden
         out = self.buffer("out", (batch, self.hidden_size), x.dtype)
@@ -179,33 +150,21 @@ class RecurrentLayer(Operator):
                 f"{self!r}.backward got gradient of shape {getattr(grad_out, 'shape', None)}; expected {expected}"
             )
         self._consumed = True
-        slots, stop, ring = self._truncation(time)
+        span = self._window(time)
+        slots, stop = span.slots, span.stop
         streams = [self.buffer(f"d{name}", (batch, slots, self.hidden_size), grad_out.dtype) for name in self.state_names]
         for stream in streams:
             stream.fill(0)
         self._begin_backward(batch, time, grad_out.dtype)
         for t in range(time - 1, stop - 1, -1):
-            if self.return_sequences:
-                if ring:  # the slot of output t held output t+k's stream, now past its window
-                    streams[0][:, t % slots] = grad_out[:, t]
-                    for other in streams[1:]:
-                        other[:, t % slots] = 0
-                else:
-                    streams[0][:, 0] += grad_out[:, t]
-            elif t == time - 1:
-                streams[0][:, 0] = grad_out
+            receive_output_gradient(streams, grad_out, t, time, span, self.return_sequences)
             self._step_backward(t, streams, propagate=t > stop)
         grad_u = self._parameter_gradients(stop)
         return None if grad_u is None else self._transform_grad(grad_u)
 
-    def _truncation(self, time: int) -> tuple[int, int, bool]:
-        """For ``time`` steps: gradient streams held at once, first step reached, whether streams form a ring."""
-        k = self.bptt_steps
-        if k is None or k >= time:
-            return 1, 0, False
-        if self.return_sequences:
-            return k, 0, True
-        return 1, time - k, False
+    def _window(self, time: int) -> Window:
+        """The backward's window over ``time`` steps under this op's truncation."""
+        return window(self.bptt_steps, self.return_sequences, time)
 
     def _parameter_gradients(self, stop: int) -> Any:
         """Accumulate every parameter's gradient from the pre-activation gradients; return the cell input's
@@ -222,8 +181,12 @@ class RecurrentLayer(Operator):
             self.accumulate_grad(w_ih, g)
         if w_hh.requires_grad:
             g = self.buffer("g_weight_hh", w_hh.shape, u.dtype)
+            initial = None if self._h0 is None else self._h0[0]
             for k, (rows, part) in enumerate(d_hh_parts):
-                self._recurrent_weight_grad(part, g[rows], f"g_weight_hh_fix{k}")
+                block = g[rows]
+                # taken even when unused (batch 1, no initial state): the same buffers at every batch size
+                fix = self.buffer(f"g_weight_hh_fix{k}", block.shape, block.dtype)
+                recurrent_weight_grad(xp, part, self._hidden, initial, block, fix)
             self.accumulate_grad(w_hh, g)
         if self.has_bias:
             g = self.buffer("g_bias", self.bias_ih_l0.shape, u.dtype)
@@ -239,39 +202,11 @@ class RecurrentLayer(Operator):
         xp.matmul(d_ih2, w_ih.data, out=grad_u.reshape(batch * time, cell_inputs))
         return grad_u
 
-    def _recurrent_weight_grad(self, d: Any, out: Any, key: str) -> None:
-        """out ← Σ over batch b and step t of d[b, t]ᵀ h[b, t−1], with h[b, −1] the initial state."""
-        xp, hidden = self.xp, self._hidden
-        batch, time, _ = hidden.shape
-        # In the flattened (batch·time) arrays, row b·T+t of d pairs with row b·T+t−1 of the hidden
-        # states: one GEMM, then the batch−1 pairs that straddle two sequences (t = 0) are swapped
-        # for the initial state. No copy of either operand is needed.
-        d2 = d.reshape(batch * time, -1)
-        h2 = hidden.reshape(batch * time, -1)
-        xp.matmul(d2[1:].T, h2[:-1], out=out)
-        fix = self.buffer(key, out.shape, out.dtype)  # taken even when unused: the same buffers at every batch size
-        if batch > 1:
-            xp.matmul(d[1:, 0].T, hidden[:-1, time - 1], out=fix)
-            out -= fix
-        if self._h0 is not None:
-            xp.matmul(d[:, 0].T, self._h0[0], out=fix)
-            out += fix
-
     def _previous(self, t: int) -> Any:
         """The hidden state entering step t, or None for the zero state."""
         if t > 0:
             return self._hidden[:, t - 1]
         return None if self._h0 is None else self._h0[0]
-
-    def _carry(self, final: tuple[Any, ...]) -> None:
-        """Keep ``final`` as the next forward's state, in arrays of the op's own: the state outlives the
-        step, and a planned pool reuses a buffer's memory once its op's backward is done."""
-        state = self._state
-        if state is None or state[0].shape != final[0].shape or state[0].dtype != final[0].dtype:
-            state = tuple(self.xp.empty(part.shape, part.dtype) for part in final)
-        for target, part in zip(state, final):
-            target[...] = part
-        self._state = state
 
     def _copy(self, key: str, value: Any) -> Any:
         out = self.buffer(key, value.shape, value.dtype)
@@ -355,7 +290,7 @@ class RecurrentLayer(Operator):
             cached += [hidden] * len(self.state_names)
         if self.stateful:
             cached += [hidden] * len(self.state_names)
-        slots, _, _ = self._truncation(time)
+        slots = self._window(time).slots
         rows = self.gates * self.hidden_size
         workspace: list[tuple[int, ...]] = [(batch, slots, self.hidden_size)] * len(self.state_names)
         workspace += [self.weight_ih_l0.shape, self.weight_hh_l0.shape]

@@ -10,10 +10,11 @@ from neuroflow_ops_vision.attention import SqueezeExcite
 from neuroflow_ops_vision.augment import StreamAugmenter
 from neuroflow_ops_vision.batchnorm import BatchNorm2d
 from neuroflow_ops_vision.concat import ChannelConcat
-from neuroflow_ops_vision.conv import Conv2d, DepthwiseConv2d, SeparableConv2d
+from neuroflow_ops_vision.conv import Conv2d
 from neuroflow_ops_vision.layout import ConvertLayout
 from neuroflow_ops_vision.models import BasicBlock, ResNet, neuroflow_cnn, resnet18
 from neuroflow_ops_vision.pooling import AvgPool2d, GlobalAvgPool2d, MaxPool2d
+from neuroflow_ops_vision.separable import DepthwiseConv2d, SeparableConv2d
 from neuroflow_ops_vision.upsample import Upsample
 
 __all__ = [

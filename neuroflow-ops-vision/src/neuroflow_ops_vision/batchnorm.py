@@ -67,8 +67,8 @@ class BatchNorm2d(Operator):
             self.register_buffer("running_mean", Tensor(np.zeros(num_features, dtype)))
             self.register_buffer("running_var", Tensor(np.ones(num_features, dtype)))
         self.num_batches_tracked = 0
-        # Cached for backward as plain attributes (the memory tracer follows attributes, not tuples).
-        self._x: Any = None
+        # Cached for backward as plain attributes (the memory tracer follows attributes, not tuples); the
+        # input through save_input (a parent recomputing this op's output reads its shape there).
         self._y: Any = None
         self._mean: Any = None
         self._invstd: Any = None
@@ -116,7 +116,8 @@ class BatchNorm2d(Operator):
         scale = invstd * self.weight.data if self.affine else invstd
         shift = (self.bias.data if self.affine else 0.0) - mean * scale
         self._scale, self._shift = scale.astype(x.dtype, copy=False), shift.astype(x.dtype, copy=False)
-        self._x, self._mean, self._invstd, self._batch_stats = x, mean, invstd, batch_stats
+        self.save_input(x)
+        self._mean, self._invstd, self._batch_stats = mean, invstd, batch_stats
         self.recompute(y)
         return y
 
@@ -127,7 +128,7 @@ class BatchNorm2d(Operator):
         (as the next convolution's input) can drop it in between.
         """
         xp, y2 = self.xp, self._view(out)
-        xp.multiply(self._view(self._x), self._per_channel(self._scale), out=y2)
+        xp.multiply(self._view(self.saved_input), self._per_channel(self._scale), out=y2)
         y2 += self._per_channel(self._shift)
         if self.activation == "relu":
             xp.maximum(out, 0, out=out)
@@ -159,9 +160,10 @@ class BatchNorm2d(Operator):
         rv += (m * count / (count - 1)) * var
 
     def backward(self, grad_out: Any) -> Any:
-        if self._x is None:
+        x = self.saved_input
+        if x is None:
             raise RuntimeError(f"{self!r}.backward called before forward")
-        x, mean, invstd, batch_stats, y = self._x, self._mean, self._invstd, self._batch_stats, self._y
+        mean, invstd, batch_stats, y = self._mean, self._invstd, self._batch_stats, self._y
         check_grad(self, grad_out, x.shape)
         xp = self.xp
         with Workspace(self, "backward") as ws:

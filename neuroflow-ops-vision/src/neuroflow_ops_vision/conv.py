@@ -1,9 +1,10 @@
-"""Convolutions: Conv2d (stride, padding, dilation, groups), DepthwiseConv2d and SeparableConv2d.
+"""Conv2d: 2-d convolution with stride, padding, dilation and groups, and its backward.
 
 Every convolution computes in NHWC: grouped and dense ones as im2col + GEMM
 (``conv_gemm``), depthwise ones as a loop over taps (``conv_depthwise``).
 With ``layout="NCHW"`` (the default, as in PyTorch) an op permutes its input
 and output; models avoid that by running in NHWC after one ConvertLayout.
+DepthwiseConv2d and SeparableConv2d are in :mod:`neuroflow_ops_vision.separable`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from neuroflow_ops_vision.workspace import Workspace
 DEFAULT_MAX_WORKSPACE_BYTES = 8 * 2**20
 
 
-def _positive(owner: str, **sizes: int) -> None:
+def check_positive(owner: str, **sizes: int) -> None:
+    """Raise ValueError naming ``owner`` unless every size is a positive int."""
     for name, value in sizes.items():
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{owner}: {name} must be a positive int; got {value!r}")
@@ -87,7 +89,7 @@ class Conv2d(ChannelsLastOperator):
     ) -> None:
         super().__init__()
         name = type(self).__name__
-        _positive(name, in_channels=in_channels, out_channels=out_channels, groups=groups)
+        check_positive(name, in_channels=in_channels, out_channels=out_channels, groups=groups)
         if in_channels % groups or out_channels % groups:
             raise ValueError(f"{name}: groups={groups} must divide in_channels={in_channels} and out_channels={out_channels}")
         self.in_channels, self.out_channels, self.groups = int(in_channels), int(out_channels), int(groups)
@@ -115,7 +117,6 @@ class Conv2d(ChannelsLastOperator):
         self.weight = Tensor(rng.uniform(-bound, bound, shape).astype(dtype), requires_grad=True)
         if self.has_bias:
             self.bias = Tensor(rng.uniform(-bound, bound, self.out_channels).astype(dtype), requires_grad=True)
-        self._x: Any = None
         self._cols: Any = None
 
     # ------------------------------------------------------------------ computation
@@ -138,11 +139,11 @@ class Conv2d(ChannelsLastOperator):
                 self._cols = conv_gemm.forward(ws, xh, self._wmat(ws), y, self.geometry, self.groups, chunk, keep)
             if self.has_bias:
                 y += self.bias.data
-            self._x = xh
+            self.save_input(xh)  # NHWC: what backward reads
             return self._from_nhwc(y, self.output_layout, "y")
 
     def backward(self, grad_out: Any) -> Any:
-        x = self._x
+        x = self.saved_input
         if x is None:
             raise RuntimeError(f"{self!r}.backward called before forward")
         xp = self.xp
@@ -287,7 +288,8 @@ class Conv2d(ChannelsLastOperator):
             "max_workspace_bytes": self.max_workspace_bytes, "output_layout": self.output_layout,
         }
 
-    def _options(self) -> str:
+    def options_text(self) -> str:
+        """The options that differ from the defaults, as the repr shows them: ``k=3, s=2, bias=False``."""
         parts = [f"k={pair_text(self.kernel_size)}"]
         for label, value, default in (("s", self.stride, (1, 1)), ("p", self.padding, (0, 0)), ("d", self.dilation, (1, 1))):
             if value != default:
@@ -302,108 +304,4 @@ class Conv2d(ChannelsLastOperator):
 
     def __repr__(self) -> str:
         groups = ", depthwise" if self._depthwise else ""
-        return f"Conv2d({self.in_channels}→{self.out_channels}, {self._options()}{groups})"
-
-
-class DepthwiseConv2d(Conv2d):
-    """Depthwise convolution: each input channel convolved with its own ``depth_multiplier`` filters.
-
-    The same parameters as PyTorch's ``Conv2d(C, C·m, k, groups=C)``:
-    ``weight`` (C·m, 1, kh, kw), ``bias`` (C·m).
-    """
-
-    def __init__(
-        self,
-        channels: int,
-        kernel_size: int | tuple[int, int],
-        stride: int | tuple[int, int] = 1,
-        padding: int | tuple[int, int] = 0,
-        dilation: int | tuple[int, int] = 1,
-        bias: bool = True,
-        depth_multiplier: int = 1,
-        layout: str = "NCHW",
-        dtype: Any = np.float32,
-    ) -> None:
-        _positive("DepthwiseConv2d", channels=channels, depth_multiplier=depth_multiplier)
-        super().__init__(channels, channels * depth_multiplier, kernel_size, stride, padding, dilation,
-                         groups=channels, bias=bias, layout=layout, dtype=dtype)
-        self._depthwise = True  # also with one channel
-        self.depth_multiplier = int(depth_multiplier)
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            "channels": self.in_channels, "kernel_size": list(self.kernel_size), "stride": list(self.stride),
-            "padding": list(self.padding), "dilation": list(self.dilation), "bias": self.has_bias,
-            "depth_multiplier": self.depth_multiplier, "layout": self.layout,
-        }
-
-    def __repr__(self) -> str:
-        mult = f"→{self.out_channels}" if self.depth_multiplier != 1 else ""
-        return f"DepthwiseConv2d({self.in_channels}{mult}, {self._options()})"
-
-
-class SeparableConv2d(ChannelsLastOperator):
-    """Depthwise-separable convolution: a k×k depthwise conv, then a 1×1 pointwise conv.
-
-    Children ``depthwise`` (no bias) and ``pointwise`` (with ``bias``) run in
-    NHWC; about k² times fewer multiply-adds than a dense k×k Conv2d.
-    """
-
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int | tuple[int, int],
-        stride: int | tuple[int, int] = 1,
-        padding: int | tuple[int, int] = 0,
-        dilation: int | tuple[int, int] = 1,
-        bias: bool = True,
-        depth_multiplier: int = 1,
-        layout: str = "NCHW",
-        dtype: Any = np.float32,
-    ) -> None:
-        super().__init__()
-        self.layout = check_layout(layout, "SeparableConv2d")
-        self.depthwise = DepthwiseConv2d(in_channels, kernel_size, stride, padding, dilation, bias=False,
-                                         depth_multiplier=depth_multiplier, layout="NHWC", dtype=dtype)
-        self.pointwise = Conv2d(in_channels * depth_multiplier, out_channels, 1, bias=bias, layout="NHWC", dtype=dtype)
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-
-    @property
-    def needs_input_grad(self) -> bool:
-        return self.depthwise.needs_input_grad
-
-    @needs_input_grad.setter
-    def needs_input_grad(self, value: bool) -> None:
-        self.depthwise.needs_input_grad = bool(value)
-
-    def forward(self, x: Any) -> Any:
-        check_feature_map(self, x, self.in_channels, self.layout)
-        y = self.pointwise.forward(self.depthwise.forward(self._to_nhwc(x, self.layout, "x_nhwc")))
-        return self._from_nhwc(y, self.layout, "y")
-
-    def backward(self, grad_out: Any) -> Any:
-        with Workspace(self, "backward") as ws:
-            gx = self.depthwise.backward(self.pointwise.backward(self._to_nhwc(grad_out, self.layout, "g_nhwc", ws)))
-            return None if gx is None else self._from_nhwc(gx, self.layout, "gx")
-
-    def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
-        shape = tuple(input_shape)
-        check_declared_shape(self, shape, self.in_channels, self.layout)
-        nhwc = nhwc_shape(shape, self.layout)
-        out = self.pointwise.output_shape(self.depthwise.output_shape(nhwc))
-        return MemoryDeclaration(from_nhwc_shape(out, self.layout))
-
-    def get_config(self) -> dict[str, Any]:
-        d = self.depthwise
-        return {
-            "in_channels": self.in_channels, "out_channels": self.out_channels, "kernel_size": list(d.kernel_size),
-            "stride": list(d.stride), "padding": list(d.padding), "dilation": list(d.dilation),
-            "bias": self.pointwise.has_bias, "depth_multiplier": d.depth_multiplier, "layout": self.layout,
-        }
-
-    def __repr__(self) -> str:
-        bias = self.pointwise.has_bias
-        options = self.depthwise._options().replace(", bias=False", "").replace(", NHWC", "")
-        return (f"SeparableConv2d({self.in_channels}→{self.out_channels}, {options}"
-                f"{'' if bias else ', bias=False'}{', NHWC' if self.layout == 'NHWC' else ''})")
+        return f"Conv2d({self.in_channels}→{self.out_channels}, {self.options_text()}{groups})"

@@ -62,7 +62,7 @@ class Workspace:
 
     def __init__(self, op: Any, phase: str) -> None:
         self.op, self.xp, self.phase = op, op.xp, phase
-        pool = op._pool
+        pool = op.buffer_pool
         self._pool = pool if pool is not None and hasattr(pool, "workspace") else None
         self._held: dict[tuple[str, str], Any] = {}
 

@@ -33,7 +33,9 @@ class Allocator:
     def stats(self) -> MemoryStats:
         return MemoryStats(**vars(self._stats))
 
-    def _count(self, nbytes: int) -> None:
+    def count_allocation(self, nbytes: int) -> None:
+        """Count ``nbytes`` handed out: an allocation of this allocator's own, or one made for it elsewhere (a
+        pool's fallback when the arena is full), so ``stats`` sees every byte in use."""
         s = self._stats
         s.allocations += 1
         s.in_use_bytes += nbytes

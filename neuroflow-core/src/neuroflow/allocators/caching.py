@@ -41,7 +41,7 @@ class CachingAllocator(Allocator):
             self._stats.peak_bytes = max(self._stats.peak_bytes, self._stats.in_use_bytes)
         else:
             block = self.xp.empty(size, dtype=np.uint8)
-            self._count(size)
+            self.count_allocation(size)
             self._stats.pool_bytes += size
         array = block[:nbytes].view(dtype).reshape(shape)
         self._lent[id(array)] = (size, block)

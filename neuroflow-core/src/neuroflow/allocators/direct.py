@@ -14,5 +14,5 @@ class DirectAllocator(Allocator):
 
     def allocate(self, shape: tuple[int, ...], dtype: Any) -> Any:
         array = self.xp.empty(shape, dtype=dtype)
-        self._count(int(array.nbytes))
+        self.count_allocation(int(array.nbytes))
         return array

@@ -29,16 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from neuroflow import registry
-from neuroflow.backends import qualification
+from neuroflow.backends import qualification, verdicts
 from neuroflow.errors import ConfigError
 
 #: A backend must be this much faster than cpu to be chosen: timing noise must not flip the choice.
 MARGIN = 0.9
-CACHE_FILE = qualification.AUTO_CHOICE_FILE
+CACHE_FILE = verdicts.AUTO_CHOICE_FILE
 
 
 def cache_path() -> Path:
-    return qualification.cache_dir() / CACHE_FILE
+    return verdicts.cache_dir() / CACHE_FILE
 
 
 def fingerprint(names: list[str]) -> str:
@@ -54,7 +54,7 @@ def fingerprint(names: list[str]) -> str:
         cls = registry.backends.get(name)
         if cls.needs_qualification:
             with contextlib.suppress(Exception):  # a backend that cannot list its devices is measured as it is
-                versions += [qualification.key(cls, i) for i in range(cls.device_count())]
+                versions += [verdicts.key(cls, i) for i in range(cls.device_count())]
     return "|".join([platform.node(), platform.machine(), str(os.cpu_count()), sys.version.split()[0], *versions])
 
 
@@ -69,12 +69,12 @@ def measure(name: str, steps: int = 12) -> float:
         return float(found.step_seconds or 0.0)
     refusals = []
     for index in range(cls.device_count()):
-        known = qualification.cached().get(qualification.key(cls, index))
+        known = verdicts.cached().get(verdicts.key(cls, index))
         if known is not None and not known.ok:
             refusals.append(f"{known.device}: {known.explain()}")
             continue
         found = qualification.run_child(name, index, time_steps=steps)
-        qualification.remember(cls, index, found)
+        verdicts.remember(cls, index, found)
         if found.ok and found.step_seconds is not None:
             return float(found.step_seconds)
         refusals.append(f"{found.device}: {found.explain()}")
@@ -82,7 +82,10 @@ def measure(name: str, steps: int = 12) -> float:
 
 
 def choose(available: list[str], timer: Callable[[str], float] | None = None) -> tuple[str, dict[str, Any]]:
-    """The fastest runnable backend (cpu unless another beats it by the margin) and what was measured."""
+    """The fastest runnable backend (cpu unless another beats it by the margin) and what was measured.
+
+    ``timer(name)`` gives the seconds of one training step on backend ``name``; the default, :func:`measure`,
+    times it in the qualification child, so nothing above the backends is imported here."""
     timer = timer or measure
     runnable = []
     for name in available:

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from neuroflow.allocators.direct import DirectAllocator
 from neuroflow.allocators.stats import MemoryStats
 from neuroflow.backends.namespaces import array_namespace
 
@@ -85,8 +86,6 @@ class Backend:
     @property
     def allocator(self) -> Any:
         if self._allocator is None:
-            from neuroflow.allocators.direct import DirectAllocator
-
             self._allocator = DirectAllocator(self.xp)
         return self._allocator
 
@@ -139,21 +138,10 @@ class Backend:
     def kernel(self, name: str) -> Callable[..., Any] | None:
         """This backend's fused implementation of ``name``, or None: the caller runs its generic code on ``xp``.
 
-        The names and signatures callers use (arrays are the caller's own
-        buffers, written in place; a fused kernel must agree with the generic
-        code to float rounding):
-
-        - ``adam_update(data, grad, m, v, *, lr, beta1, beta2, eps, weight_decay, decoupled, step)``
-        - ``sgd_update(data, grad, buf, *, lr, momentum, dampening, nesterov, weight_decay, first)``
-        - ``softmax_cross_entropy(logits, labels, probs, row_loss, smoothing) -> float`` (mean loss; an
-          out-of-range label must read no memory and make the loss NaN)
-        - ``softmax_cross_entropy_backward(probs, labels, scale, smoothing) -> probs`` (in place)
-        - ``activation_backward(cached, g, gx, activation, slope)``: ``gx = g · act'`` for ``relu``,
-          ``leaky_relu`` (cached input), ``sigmoid`` and ``tanh`` (cached output)
-        - ``linear(x, weight, bias, out) -> out``: ``out = x @ weight.T + bias`` for ``x`` (n, in), ``weight``
-          (out, in), ``bias`` (out,)
-        - ``linear_weight_grad(g, x, gw, gb)``: ``gw = g.T @ x`` and ``gb = g.sum(axis=0)`` for ``g`` (n, out)
-          and ``x`` (n, in)
+        The names, parameters and results are declared once, in :mod:`neuroflow.backends.kernels`
+        (``kernels.LINEAR``, ...); a backend builds its table with ``kernels.implementations``, which
+        refuses an undeclared name. A fused kernel writes into the caller's buffers and agrees with the
+        generic code to float rounding.
         """
         return None
 

@@ -7,6 +7,8 @@ from that source) — NeuroFlow runs ``python -m neuroflow.probe`` on it in a ch
 timeout: the backend's own kernel set (``Backend.self_test``), then a few training steps checked against
 cpu. The verdict is cached in ``$NEUROFLOW_CACHE_DIR/qualification.json``; a refused device is not offered
 (``opencl:N`` numbers the qualified devices only) and asking for it raises an error that says what failed.
+The verdicts and their cache live in :mod:`neuroflow.backends.verdicts`; this module decides when a device
+needs a child run and runs it; the names the verdicts module holds are importable from here too.
 
 A backend that runs nothing but numpy (``Backend.needs_qualification = False``: cpu) is not qualified.
 """
@@ -14,7 +16,6 @@ A backend that runs nothing but numpy (``Backend.needs_qualification = False``: 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import signal
@@ -25,121 +26,35 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-from functools import cache
-from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 from neuroflow import registry
+from neuroflow.backends.verdicts import (
+    AUTO_CHOICE_FILE,
+    CACHE_FILE,
+    REFUSED,
+    Verdict,
+    cache_dir,
+    cached,
+    forget,
+    key,
+    remember,
+    source_hash,
+)
 from neuroflow.errors import BackendUnavailableError, ConfigError
 
-CACHE_FILE = "qualification.json"
-AUTO_CHOICE_FILE = "backend-choice.json"  # auto.CACHE_FILE: ``forget`` drops it with the verdicts
+__all__ = [
+    "AUTO_CHOICE_FILE", "CACHE_FILE", "CLIP", "DEFAULT_TIMEOUT", "MAX_TIMEOUT", "PREFIX", "REFUSED", "TIMEOUT_VAR",
+    "Verdict", "cache_dir", "cached", "configured_timeout", "forget", "key", "offered", "remember", "resolve",
+    "run_child", "source_hash", "verdict",
+]
+
 #: Seconds the child may take (cold driver caches compile every kernel); past it the device is "hung".
 TIMEOUT_VAR = "NEUROFLOW_QUALIFY_TIMEOUT"
 DEFAULT_TIMEOUT = 600.0
 MAX_TIMEOUT = 86400.0
 #: The child's protocol lines on stdout start with this (anything else a plugin prints is ignored).
 PREFIX = "NEUROFLOW-PROBE "
-#: The statuses of a refused device.
-REFUSED = ("crashed", "hung", "wrong", "failed")
-
-
-def cache_dir() -> Path:
-    """``$NEUROFLOW_CACHE_DIR``, else ``$XDG_CACHE_HOME/neuroflow``, else ``~/.cache/neuroflow``."""
-    root = os.environ.get("NEUROFLOW_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "neuroflow")
-    return Path(root)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What the child found for one device: ``status`` is ``ok`` or one of ``REFUSED``."""
-
-    backend: str
-    index: int
-    identity: dict[str, str]
-    status: str
-    detail: str = ""
-    stage: str = ""
-    seconds: float = 0.0
-    step_seconds: float | None = None
-    timeout: float = 0.0  # the bound a "hung" verdict was found under: a longer one tries again
-    checked_at: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S"))
-
-    @classmethod
-    def from_record(cls, record: Any) -> Verdict | None:
-        """The verdict a cache entry holds, or None for anything that is not one (a hand-edited or foreign file
-        is read as no verdict: the device is qualified again)."""
-        if not isinstance(record, dict):
-            return None
-        try:
-            found = cls(**record)
-        except TypeError:
-            return None
-        number = (int, float)
-        valid = (isinstance(found.backend, str) and isinstance(found.index, int) and isinstance(found.identity, dict)
-                 and all(isinstance(k, str) and isinstance(v, str) for k, v in found.identity.items())
-                 and found.status in ("ok", *REFUSED) and isinstance(found.detail, str)
-                 and isinstance(found.stage, str) and isinstance(found.seconds, number)
-                 and isinstance(found.timeout, number) and isinstance(found.checked_at, str)
-                 and (found.step_seconds is None or isinstance(found.step_seconds, number)))
-        return found if valid else None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    @property
-    def drivers_fault(self) -> bool:
-        """Whether the driver itself failed (a crash or a wrong result), so another driver is the advice."""
-        return self.status in ("crashed", "wrong")
-
-    @property
-    def device(self) -> str:
-        """The device and its driver, as its backend named them."""
-        known = self.identity
-        device = known.get("device", str(self.index))
-        driver = " ".join(known.get("platform version", known.get("platform", "")).split())
-        return f"{device} ({driver})" if driver else f"{self.backend} device {device}"
-
-    def explain(self) -> str:
-        """One line for an error message or ``neuroflow doctor``."""
-        if self.ok:
-            return f"qualified ({self.seconds:.1f} s, checked {self.checked_at})"
-        where = f" in stage {self.stage!r}" if self.stage else ""
-        return f"{self.status}{where}: {self.detail}"
-
-
-def source_hash(cls: type) -> str:
-    """A hash of every Python file of the top-level package that defines ``cls``: its kernels' source."""
-    return _package_hash(cls.__module__.partition(".")[0])
-
-
-@cache
-def _package_hash(package: str) -> str:
-    module = sys.modules.get(package) or __import__(package)
-    digest = hashlib.sha256()
-    roots = [Path(p) for p in getattr(module, "__path__", [])] or [Path(getattr(module, "__file__", None) or "")]
-    for root in roots:
-        files = sorted(root.rglob("*.py")) if root.is_dir() else [root]
-        for path in files:
-            with contextlib.suppress(OSError):
-                digest.update(str(path.relative_to(root.parent)).encode())
-                digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def key(cls: type, index: int) -> str:
-    """The cache key of device ``index`` of backend class ``cls``."""
-    try:
-        core = metadata.version("neuroflow-core")
-    except metadata.PackageNotFoundError:
-        core = "?"
-    identity = cls.device_identity(index)  # type: ignore[attr-defined]
-    return json.dumps({**identity, "sources": source_hash(cls), "neuroflow-core": core,
-                       "python": sys.version.split()[0]}, sort_keys=True)
 
 
 def verdict(name: str, index: int, *, refresh: bool = False) -> Verdict:
@@ -151,20 +66,12 @@ def verdict(name: str, index: int, *, refresh: bool = False) -> Verdict:
     k = key(cls, index)
     timeout = configured_timeout()
     if not refresh:
-        cached = Verdict.from_record(_read().get(k))
-        if cached is not None and not (cached.status == "hung" and timeout > cached.timeout):
-            return cached
+        known = cached().get(k)
+        if known is not None and not (known.status == "hung" and timeout > known.timeout):
+            return known
     found = run_child(name, index, timeout=timeout)
     remember(cls, index, found)
     return found
-
-
-def remember(cls: type, index: int, found: Verdict) -> None:
-    """Cache a verdict found by a child run (``auto`` times and qualifies in one child). An exception in the
-    child (``failed``) is not cached: it may come from this environment rather than the device (a module the
-    child imported from elsewhere, say), and it costs seconds to find again."""
-    if found.status != "failed":
-        _store(key(cls, index), found)
 
 
 def _not_importable(name: str, cls: type) -> str:
@@ -366,64 +273,3 @@ def _messages(out: Any) -> Iterator[dict[str, Any]]:
                 message = json.loads(line[len(PREFIX):])
                 if isinstance(message, dict):
                     yield message
-
-
-def cached() -> dict[str, Verdict]:
-    """Every cached verdict, by key (for ``neuroflow doctor``)."""
-    found = {}
-    for k, v in _read().items():
-        verdict_ = Verdict.from_record(v)
-        if verdict_ is not None:
-            found[k] = verdict_
-    return found
-
-
-def forget() -> None:
-    """Drop every cached verdict: the next use of each device qualifies it again."""
-    with contextlib.suppress(OSError), _locked():
-        for stale in (CACHE_FILE, AUTO_CHOICE_FILE):  # auto's choice was made from these verdicts
-            with contextlib.suppress(FileNotFoundError):
-                (cache_dir() / stale).unlink()
-
-
-def _read() -> dict[str, Any]:
-    try:
-        data = json.loads((cache_dir() / CACHE_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _store(k: str, found: Verdict) -> None:
-    """Add one verdict to the cache file: read, merge and replace under a lock, so that two processes
-    qualifying at once keep both verdicts (a read-only cache only costs a new child run next time)."""
-    path = cache_dir() / CACHE_FILE
-    with contextlib.suppress(OSError), _locked():
-        data = _read()
-        data[k] = asdict(found)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            tmp.write_text(json.dumps(data, indent=2))
-            tmp.replace(path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-
-
-@contextlib.contextmanager
-def _locked() -> Iterator[None]:
-    """An exclusive lock on the cache file's lock file (where the platform has ``flock``; elsewhere the
-    atomic replace alone, at worst losing one of two verdicts written at once: a child run next time)."""
-    directory = cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(directory / f"{CACHE_FILE}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -10,6 +10,7 @@ from neuroflow.backends.auto import choose
 from neuroflow.backends.base import Backend
 from neuroflow.backends.qualification import resolve
 from neuroflow.errors import BackendUnavailableError, ConfigError
+from neuroflow.plugins import plugin_manager
 
 ENV_VAR = "NEUROFLOW_BACKEND"
 
@@ -57,8 +58,6 @@ def get_backend(spec: str | Backend | None = None) -> Backend:
         spec = os.environ.get(ENV_VAR) or "cpu"
     name, index = parse_device(spec)
     if name == "auto":
-        from neuroflow.plugins import plugin_manager
-
         chosen = plugin_manager().hook.neuroflow_select_backend(available=available_backends())
         if chosen is None:
             chosen, _ = choose(available_backends())

@@ -68,7 +68,7 @@ class BufferPool:
             if self.strict:  # a budget or pool size was set: never grow past it
                 raise
             array = self.allocator.xp.empty(shape, dtype)
-            self.allocator._count(int(array.nbytes))
+            self.allocator.count_allocation(int(array.nbytes))
             return array
 
     def workspace(self, owner: object, key: str, shape: tuple[int, ...], dtype: Any) -> Any:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -178,15 +178,13 @@ class GuardedGenerator:
 class _DrawLimit:
     """The block of :func:`limit_random_draws` (a class: a generator-based context costs as much as the swap)."""
 
-    _saved: np.random.Generator
-
     def __init__(self, held: int, source: str) -> None:
         self._guard = GuardedGenerator(held, source)
+        self._swap = nf_random.using_generator(cast(np.random.Generator, self._guard))  # it has the same methods
         self._errors = np.errstate(all="ignore")  # initialisers dividing by norms of zeros: the values are discarded
 
     def __enter__(self) -> GuardedGenerator:
-        self._saved = nf_random._generator
-        nf_random._generator = self._guard  # type: ignore[assignment]
+        self._swap.__enter__()
         self._errors.__enter__()
         return self._guard
 
@@ -196,7 +194,7 @@ class _DrawLimit:
         try:
             self._errors.__exit__(kind, error, traceback)
         finally:
-            nf_random._generator = self._saved
+            self._swap.__exit__(kind, error, traceback)
 
 
 def limit_random_draws(held: int, source: str) -> AbstractContextManager[GuardedGenerator]:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-import neuroflow
+from neuroflow.backends.selection import get_backend
 from neuroflow.checkpoint import container, topology
 from neuroflow.checkpoint.checksums import ALGORITHM, metadata_checksum, tensor_checksum
 from neuroflow.checkpoint.container import FLOAT_CODES, Header, TensorEntry
@@ -34,6 +34,7 @@ from neuroflow.checkpoint.quantize import SCHEME, QuantizationReport, quantize_w
 from neuroflow.checkpoint.reading import Verification, open_file, read_weights
 from neuroflow.operator import Operator
 from neuroflow.tensor import Tensor
+from neuroflow.version import __version__
 
 if TYPE_CHECKING:
     from neuroflow.backends.base import Backend
@@ -119,7 +120,7 @@ def model_payload(model: Operator, file_format: str, user: dict[str, Any] | None
     if len(floats) > 1:
         raise CheckpointError(f"the model mixes float dtypes {sorted(floats)}; convert it to one with model.astype()")
     runtime = {
-        "neuroflow": neuroflow.__version__, "dtype": floats.pop() if floats else "float32",
+        "neuroflow": __version__, "dtype": floats.pop() if floats else "float32",
         "training": bool(model.training), "saved_on": backend.device,
     }
     meta = {
@@ -183,8 +184,6 @@ def load(path: str | os.PathLike[str], device: str | Backend | None = None, mmap
 
     >>> model = nf.load("mlp.safetensors", device="cpu")
     """
-    from neuroflow.backends.selection import get_backend
-
     backend = get_backend(device)
     header, content = open_file(path, mmap)
     opened = check_model_header(header)
@@ -224,7 +223,7 @@ def check_model_header(header: Header, formats: tuple[str, ...] = (MODEL_FORMAT,
     if int(version) > FORMAT_VERSION:
         raise CheckpointError(
             f"{source} was written in format version {version} by a newer NeuroFlow; this one "
-            f"({neuroflow.__version__}) reads up to version {FORMAT_VERSION}: pip install -U neuroflow-core"
+            f"({__version__}) reads up to version {FORMAT_VERSION}: pip install -U neuroflow-core"
         )
     checksums = _json(meta, "checksums", source)
     if checksums.get("metadata") != metadata_checksum(meta):

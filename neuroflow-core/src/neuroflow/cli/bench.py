@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 
 from neuroflow import registry
+from neuroflow.backends.auto import MARGIN, measure
 from neuroflow.cli.table import format_table
+from neuroflow.errors import ConfigError
 
 HELP = "time a training step on every runnable backend (the workload NEUROFLOW_BACKEND=auto measures)"
 
@@ -22,9 +24,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from neuroflow.backends.auto import MARGIN, measure
-    from neuroflow.errors import ConfigError
-
     if args.steps < 1:
         raise ConfigError(f"--steps must be at least 1; got {args.steps}")
     names = args.backend or [n for n in registry.backends.names() if registry.backends.get(n).is_available()]

@@ -17,12 +17,14 @@ from typing import Any
 import numpy as np
 
 from neuroflow.cli.arguments import positive_int
-from neuroflow.cli.main import EXIT_FAILURE
+from neuroflow.cli.exit_codes import EXIT_FAILURE
 from neuroflow.cli.table import format_table
 from neuroflow.composites import Sequential
 from neuroflow.config import Config, resolve_model_config
 from neuroflow.errors import ConfigError, NeuroFlowError
+from neuroflow.losses import CrossEntropy
 from neuroflow.operator import Operator
+from neuroflow.testing.gradcheck import gradcheck
 
 HELP = "per-layer gradient norms and a finite-difference check naming the first layer whose backward is wrong"
 
@@ -72,8 +74,6 @@ def _batch(config: Config, model: Operator, loss: Any, size: int) -> tuple[np.nd
     rng = np.random.default_rng(0)
     x = rng.standard_normal((size, *_input_shape(config, model))).astype(dtype)
     out = np.asarray(model.forward(x))
-    from neuroflow.losses import CrossEntropy
-
     if isinstance(loss, CrossEntropy) and out.ndim == 2:
         y = rng.integers(0, out.shape[1], size)
     else:
@@ -125,8 +125,6 @@ def gradient_norms(layers: list[Operator], loss: Any, x: np.ndarray, y: np.ndarr
 
 def first_wrong_layer(layers: list[Operator], x: np.ndarray, selected: set[int]) -> tuple[int, str] | None:
     """Check each selected layer of a float64 copy on the activations reaching it; the first failure or None."""
-    from neuroflow.testing.gradcheck import gradcheck
-
     copies = copy.deepcopy(layers)
     h = np.asarray(x, dtype=np.float64)
     for i, layer in enumerate(copies):
@@ -146,8 +144,6 @@ def first_wrong_layer(layers: list[Operator], x: np.ndarray, selected: set[int])
 def run(args: argparse.Namespace) -> int:
     config = resolve_model_config(args.model)
     model = config.build_model()
-    from neuroflow.losses import CrossEntropy
-
     loss = config.build_loss() or CrossEntropy()
     layers = layers_of(model)
     selected = set(range(len(layers)))

@@ -13,10 +13,13 @@ import sys
 from collections.abc import Callable
 from importlib import metadata
 
-from neuroflow import registry
+import neuroflow
+from neuroflow import data, registry
 from neuroflow.backends import qualification
+from neuroflow.backends.auto import cache_path, cached_choice
 from neuroflow.cli.plugins import distribution, rows
 from neuroflow.cli.table import format_table
+from neuroflow.plugins import plugin_manager
 
 HELP = "report versions, platform, backends (availability, devices), plugins and whether MNIST is found"
 
@@ -34,8 +37,6 @@ def _version(dist: str) -> str:
 
 
 def _environment() -> list[list[str]]:
-    import neuroflow
-
     return [
         ["python", f"{platform.python_version()} ({sys.executable})"],
         ["platform", platform.platform()],
@@ -87,8 +88,6 @@ def _backends() -> list[list[str]]:
 
 
 def _auto_row() -> list[str]:
-    from neuroflow.backends.auto import cache_path, cached_choice
-
     record = cached_choice()
     if not record:
         return ["auto", "", "not measured yet", f"first use of NEUROFLOW_BACKEND=auto measures and caches in {cache_path()}"]
@@ -98,8 +97,6 @@ def _auto_row() -> list[str]:
 
 
 def _plugins() -> list[list[str]]:
-    from neuroflow.plugins import plugin_manager
-
     plugin_manager()
     table = []
     for reg in registry.ALL:
@@ -110,8 +107,6 @@ def _plugins() -> list[list[str]]:
 
 
 def _data() -> list[list[str]]:
-    from neuroflow import data
-
     table = []
     for name in ("mnist", "fashion_mnist"):
         try:

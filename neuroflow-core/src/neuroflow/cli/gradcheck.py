@@ -17,11 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from neuroflow import registry
-from neuroflow.cli.main import EXIT_FAILURE, EXIT_USAGE
+from neuroflow import ops, registry
+from neuroflow.cli.exit_codes import EXIT_FAILURE, EXIT_USAGE
+from neuroflow.composites import Concat, Residual, Sequential
 from neuroflow.config import match_name
 from neuroflow.errors import NeuroFlowError, UnknownNameError
 from neuroflow.operator import Operator
+from neuroflow.ops.dropout import Dropout
+from neuroflow.testing.gradcheck import GradcheckError, gradcheck
 
 HELP = "check ops' backward against float64 finite differences (all ops, or the ones named)"
 
@@ -34,8 +37,6 @@ def _inputs(*shapes: tuple[int, ...]) -> list[np.ndarray]:
 
 
 def _dropout() -> Example:
-    from neuroflow.ops.dropout import Dropout
-
     op = Dropout(p=0.3, seed=0)
 
     def reseed() -> None:  # the same mask on every forward, so finite differences see one function
@@ -44,30 +45,23 @@ def _dropout() -> Example:
     return op, _inputs((4, 5)), {"prepare": reseed}
 
 
-def _core_examples() -> dict[str, Callable[[], Example]]:
-    from neuroflow import ops
-    from neuroflow.composites import Concat, Residual, Sequential
-
-    return {
-        "Linear": lambda: (ops.Linear(5, 3), _inputs((4, 5)), {}),
-        "ReLU": lambda: (ops.ReLU(), _inputs((3, 4)), {}),
-        "LeakyReLU": lambda: (ops.LeakyReLU(0.1), _inputs((3, 4)), {}),
-        "Sigmoid": lambda: (ops.Sigmoid(), _inputs((3, 4)), {}),
-        "Tanh": lambda: (ops.Tanh(), _inputs((3, 4)), {}),
-        "GELU": lambda: (ops.GELU(), _inputs((3, 4)), {}),
-        "Softmax": lambda: (ops.Softmax(), _inputs((3, 5)), {}),
-        "Dropout": _dropout,
-        "Flatten": lambda: (ops.Flatten(), _inputs((2, 3, 4)), {}),
-        "Reshape": lambda: (ops.Reshape(3, 4), _inputs((2, 12)), {}),
-        "Add": lambda: (ops.Add(), _inputs((3, 4), (3, 4)), {}),
-        "Sequential": lambda: (Sequential(ops.Linear(4, 5), ops.Tanh(), ops.Linear(5, 3)), _inputs((2, 4)), {}),
-        "Residual": lambda: (Residual(Sequential(ops.Linear(4, 4), ops.Tanh())), _inputs((2, 4)), {}),
-        "Concat": lambda: (Concat(ops.Linear(4, 3), ops.Tanh()), _inputs((2, 4)), {}),
-    }
-
-
-#: Core op name → a function returning its gradcheck example (built lazily: ops import on use).
-CORE_EXAMPLES: dict[str, Callable[[], Example]] = {}
+#: Core op name → a function returning its gradcheck example (``ops.X`` is looked up when the example is built).
+CORE_EXAMPLES: dict[str, Callable[[], Example]] = {
+    "Linear": lambda: (ops.Linear(5, 3), _inputs((4, 5)), {}),
+    "ReLU": lambda: (ops.ReLU(), _inputs((3, 4)), {}),
+    "LeakyReLU": lambda: (ops.LeakyReLU(0.1), _inputs((3, 4)), {}),
+    "Sigmoid": lambda: (ops.Sigmoid(), _inputs((3, 4)), {}),
+    "Tanh": lambda: (ops.Tanh(), _inputs((3, 4)), {}),
+    "GELU": lambda: (ops.GELU(), _inputs((3, 4)), {}),
+    "Softmax": lambda: (ops.Softmax(), _inputs((3, 5)), {}),
+    "Dropout": _dropout,
+    "Flatten": lambda: (ops.Flatten(), _inputs((2, 3, 4)), {}),
+    "Reshape": lambda: (ops.Reshape(3, 4), _inputs((2, 12)), {}),
+    "Add": lambda: (ops.Add(), _inputs((3, 4), (3, 4)), {}),
+    "Sequential": lambda: (Sequential(ops.Linear(4, 5), ops.Tanh(), ops.Linear(5, 3)), _inputs((2, 4)), {}),
+    "Residual": lambda: (Residual(Sequential(ops.Linear(4, 4), ops.Tanh())), _inputs((2, 4)), {}),
+    "Concat": lambda: (Concat(ops.Linear(4, 3), ops.Tanh()), _inputs((2, 4)), {}),
+}
 
 
 def example_for(name: str, cls: Any) -> Callable[[], Example] | None:
@@ -81,15 +75,11 @@ def example_for(name: str, cls: Any) -> Callable[[], Example] | None:
             return result[0], list(result[1]), dict(result[2]) if len(result) == 3 else {}
 
         return from_op
-    if not CORE_EXAMPLES:
-        CORE_EXAMPLES.update(_core_examples())
     return CORE_EXAMPLES.get(name)
 
 
 def check(factory: Callable[[], Example]) -> str | None:
     """None when the example's backward matches finite differences, else why not."""
-    from neuroflow.testing.gradcheck import GradcheckError, gradcheck
-
     try:
         op, inputs, options = factory()
         gradcheck(op, inputs, **options)

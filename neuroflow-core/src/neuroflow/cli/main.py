@@ -15,20 +15,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import neuroflow
+from neuroflow.cli import bench, debug_backward, doctor, export, gradcheck, mem_profile, plugins, train
+from neuroflow.cli.exit_codes import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE
 from neuroflow.errors import ConfigError, NeuroFlowError, UnknownNameError
+from neuroflow.plugins import plugin_manager
 
 Configure = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
 
-#: Exit codes: 1 when a command ran and failed, 2 for bad arguments or a bad config (as argparse does).
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
 TRACEBACK_ENV = "NEUROFLOW_TRACEBACK"
 
 
 def _builtin_commands(register: Callable[..., None]) -> None:
-    from neuroflow.cli import bench, debug_backward, doctor, export, gradcheck, mem_profile, plugins, train
-
     register("train", train.HELP, train.configure, train.run)
     register("mem-profile", mem_profile.HELP, mem_profile.configure, mem_profile.run)
     register("plugins", plugins.HELP, plugins.configure, plugins.run)
@@ -42,8 +40,6 @@ def _builtin_commands(register: Callable[..., None]) -> None:
 
 def _plugin_commands(register: Callable[..., None]) -> None:
     """Let every plugin add commands; a plugin that raises is reported and skipped."""
-    from neuroflow.plugins import plugin_manager
-
     manager = plugin_manager()
     for impl in manager.hook.neuroflow_register_commands.get_hookimpls():
         try:
@@ -98,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(run(args) or 0)
     except KeyboardInterrupt:
         print("neuroflow: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # `neuroflow plugins | head`: the reader left, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -14,9 +14,12 @@ import argparse
 import importlib.util
 from typing import Any
 
-from neuroflow.cli.arguments import positive_int
+from neuroflow import registry
+from neuroflow.cli.arguments import positive_float, positive_int, sample_shape_arg
 from neuroflow.config import Config, resolve_model_config
 from neuroflow.errors import ConfigError, ShapeError
+from neuroflow.memory import profile
+from neuroflow.memory.profile import named_leaves
 from neuroflow.operator import Operator
 
 HELP = "per-layer memory of a training step, its predicted peak, and the batch × accumulation that fits a budget"
@@ -26,28 +29,6 @@ DATASET_SAMPLES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
     "mnist": ((784,), (1, 28, 28)),
     "fashion_mnist": ((784,), (1, 28, 28)),
 }
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number; got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number; got {text}")
-    return value
-
-
-def sample_shape_arg(text: str) -> tuple[int, ...]:
-    """An argparse type: one sample's shape as comma-separated positive integers (``3,32,32``)."""
-    try:
-        shape = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas (3,32,32); got {text!r}") from None
-    if any(s < 1 for s in shape):
-        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas (3,32,32); got {text!r}")
-    return shape
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -65,8 +46,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _first_layer_with_parameters(model: Operator) -> Operator | None:
-    from neuroflow.memory.profile import named_leaves
-
     return next((leaf for _, leaf in named_leaves(model) if leaf.parameters()), None)
 
 
@@ -96,14 +75,10 @@ def sample_shape(config: Config, model: Operator, given: tuple[int, ...] | None)
 def _builder(config: Config) -> Any:
     if "name" not in config.model:
         return None
-    from neuroflow import registry
-
     return registry.models.get(config.model["name"])
 
 
 def run(args: argparse.Namespace) -> int:
-    from neuroflow.memory import profile
-
     if (args.model is None) == (args.model_option is None):
         raise ConfigError("give the model once: neuroflow mem-profile CONFIG.toml|NAME (or --model CONFIG.toml|NAME)")
     if args.png and importlib.util.find_spec("matplotlib") is None:
@@ -114,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     model = config.build_model()
     trainer = config.build_trainer(model)  # the loss and optimizer training would use, defaults included
     sample, source = sample_shape(config, model, args.input_shape)
-    budget = args.budget_mb if args.budget_mb is not None else trainer.memory_budget_mb
+    budget = args.budget_mb if args.budget_mb is not None else trainer.options.memory_budget_mb
     batch, steps = trainer.batch_size, trainer.gradient_accumulation_steps
     try:
         # the same reserve for prefetched input batches the Trainer keeps, so both advise the same split

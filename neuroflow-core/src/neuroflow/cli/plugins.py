@@ -7,6 +7,7 @@ from importlib import metadata
 
 from neuroflow import registry
 from neuroflow.cli.table import format_table
+from neuroflow.plugins import plugin_manager
 
 HELP = "list the installed backends, ops, allocators, models and plugins, and any that failed to load"
 BACKENDS_HELP = "list the installed backends and whether each can run here"
@@ -56,8 +57,6 @@ def _section(title: str, table: list[list[str]]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from neuroflow.plugins import plugin_manager
-
     plugin_manager()  # registers hook plugins, recording those pluggy rejects among the failures
     for reg in registry.ALL:
         table = _backend_rows() if reg is registry.backends else rows(reg)

@@ -11,9 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow.checkpoint import save
 from neuroflow.cli.arguments import positive_int
 from neuroflow.config import Config, SeriesWindows, load_config
 from neuroflow.errors import ConfigError
+from neuroflow.lora import fuse
 
 HELP = "train a model described by a TOML config file"
 
@@ -33,13 +35,6 @@ def _saver(config: Config) -> Callable[..., Any] | None:
     """``neuroflow.save`` when ``[output] save`` asks for it; checked before training, not after."""
     if not config.output or "save" not in config.output:
         return None
-    try:
-        from neuroflow import save
-    except ImportError:
-        raise ConfigError(
-            "[output] save needs neuroflow.save (model files), which this neuroflow-core does not provide yet; "
-            "remove [output] save from the config"
-        ) from None
     return save
 
 
@@ -81,8 +76,6 @@ def run(args: argparse.Namespace) -> int:
     if history.interrupted:
         print("training interrupted; reporting the model as it is")
     if output.get("fuse"):
-        from neuroflow.lora import fuse
-
         model = trainer.model = fuse(model)
         print("fused the LoRA adapters into the base weights")
     if test is not None:

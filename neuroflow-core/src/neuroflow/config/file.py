@@ -17,9 +17,11 @@ table per component::
     lr = 1e-3
 
 ``[model] from = "base.safetensors"`` starts from a saved model instead, and
-a ``[lora]`` table puts LoRA adapters on the model. Relative paths
-(``[model] from``, ``[data] path/train/test``, ``[output] save``,
-``checkpoint_dir``) are resolved against the directory of the config file.
+a ``[lora]`` table puts LoRA adapters on the model. ``[data] dataset``
+names a ``neuroflow_datasets`` entry, whose own keys the table then holds.
+Relative paths (``[model] from``, ``[data] train/test`` and a data set's
+path keys such as ``path``, ``[output] save``, ``checkpoint_dir``) are
+resolved against the directory of the config file.
 Every key is checked when the file is read: an unknown key or a value of the
 wrong type raises ConfigError naming the key, its table and what is valid.
 """
@@ -36,28 +38,27 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow import random, registry
+from neuroflow.checkpoint import load
+from neuroflow.composites import Sequential
 from neuroflow.config.schema import (
     COMPONENTS,
-    DATA_KEYS,
-    DATASETS,
-    IMAGE_DATASETS,
-    IMAGE_KEYS,
     LORA_KEYS,
-    MEMORY_RUNTIME_KEYS,
     MODEL_KEYS,
+    NPZ_KEYS,
     OUTPUT_KEYS,
-    SERIES_DATASETS,
-    SERIES_KEYS,
     TABLES,
     TRAINER_KEYS,
     call_checked,
     check_keys,
     check_type,
+    dataset_source,
     match_name,
 )
-from neuroflow.config.series import series_windows
 from neuroflow.errors import ConfigError, NeuroFlowError, UnknownNameError
+from neuroflow.lora import LoRAAdapter, apply_lora
 from neuroflow.operator import Operator
+from neuroflow.trainer import Trainer, TrainerOptions
 
 
 @dataclass
@@ -135,31 +136,19 @@ class Config:
 
     @staticmethod
     def _check_data(data: dict[str, Any]) -> None:
-        check_keys("[data]", data, DATA_KEYS)
         if ("dataset" in data) == ("train" in data):
             raise ConfigError("[data] needs exactly one of dataset = \"mnist\" and train = \"<file>.npz\"")
-        if "dataset" in data and data["dataset"] not in DATASETS:
-            raise ConfigError(f"[data] dataset {data['dataset']!r} is unknown; valid: {', '.join(DATASETS)}")
-        if "train" in data and data.keys() & set(IMAGE_KEYS):
-            raise ConfigError("[data] 'flat', 'normalize' and 'path' go with dataset = ...; .npz files are used as they are")
-        if "dataset" in data and "test" in data:
+        if "dataset" not in data:
+            unknown = [key for key in data if key not in NPZ_KEYS]
+            if unknown:
+                raise ConfigError(f"unknown key {unknown[0]!r} in [data] with train = \"<file>.npz\"; valid keys: "
+                                  f"{', '.join(NPZ_KEYS)} (the others go with dataset = \"...\"; .npz files are used "
+                                  "as they are)")
+            check_keys("[data]", data, NPZ_KEYS)
+        elif "test" in data:
             raise ConfigError("[data] 'test' goes with train = \"<file>.npz\"; a dataset brings its own test split")
-        series = data.get("dataset") in SERIES_DATASETS
-        misplaced = [key for key in (IMAGE_KEYS if series else SERIES_KEYS) if key in data]
-        if misplaced:
-            goes_with = (f"the image datasets ({', '.join(IMAGE_DATASETS)}); a series is standardised by its "
-                         "training part" if series else f"a series dataset ({', '.join(SERIES_DATASETS)})")
-            verb = "goes" if len(misplaced) == 1 else "go"
-            raise ConfigError(f"[data] {', '.join(map(repr, misplaced))} {verb} with {goes_with}")
-        if series and "window" not in data:
-            raise ConfigError(f"[data] dataset = {data['dataset']!r} needs window = N: how many past values "
-                              "each forecast reads")
-        for key in ("window", "horizon"):
-            if key in data and data[key] < 1:
-                raise ConfigError(f"[data] {key!r} must be a positive integer; got {data[key]!r}")
-        if "split" in data and not 0 < data["split"] < 1:
-            raise ConfigError(f"[data] 'split' is the fraction of windows to train on, between 0 and 1; "
-                              f"got {data['split']!r}")
+        else:
+            dataset_source(data)  # checks the data set's keys and values; reads nothing
 
     @staticmethod
     def _check_lora(lora: dict[str, Any]) -> None:
@@ -205,13 +194,11 @@ class Config:
         training, when ``lora_fusion`` or ``[output]`` ask for adapters the
         model lacks, or for quantizing adapters that are not fused.
         """
-        from neuroflow import random
 
         if "seed" in self.trainer:
             random.manual_seed(self.trainer["seed"])
         model = self._base_model()
         if self.lora is not None:
-            from neuroflow.lora import apply_lora
 
             try:
                 model = apply_lora(model, **self.lora)
@@ -221,7 +208,6 @@ class Config:
         return model
 
     def _check_adapters(self, model: Operator) -> None:
-        from neuroflow.lora import LoRAAdapter
 
         output = self.output or {}
         if any(isinstance(op, LoRAAdapter) for op in model.modules()):
@@ -238,11 +224,8 @@ class Config:
                               "add a [lora] table (rank, alpha, targets)")
 
     def _base_model(self) -> Operator:
-        from neuroflow import registry
-        from neuroflow.composites import Sequential
 
         if "from" in self.model:
-            from neuroflow.checkpoint import load
 
             path = self.path(self.model["from"])
             if not path.is_file():
@@ -271,15 +254,15 @@ class Config:
         return Sequential(*layers)
 
     def build_loss(self) -> Any:
-        """The ``[loss]`` object; without one, MSE for a series dataset and None (the Trainer's CrossEntropy) otherwise."""
-        if self.loss is None and (self.data or {}).get("dataset") in SERIES_DATASETS:
-            from neuroflow.losses import MSE
-
-            return MSE()
+        """The ``[loss]`` object; without one, the data set's own (MSE for a series) or None (the Trainer's CrossEntropy)."""
+        if self.loss is None and self.data is not None and "dataset" in self.data:
+            default = dataset_source(self.data).loss
+            if default is not None:
+                return self._component("loss", {"type": default})
         return self._component("loss")
 
-    def _component(self, table: str) -> Any:
-        spec = getattr(self, table)
+    def _component(self, table: str, spec: dict[str, Any] | None = None) -> Any:
+        spec = spec or getattr(self, table)
         if spec is None:
             return None
         module_name, bases = COMPONENTS[table]
@@ -293,21 +276,16 @@ class Config:
 
     def build_trainer(self, model: Operator) -> Any:
         """A Trainer for ``model`` with this config's loss, optimizer, scheduler and top-level keys."""
-        from neuroflow.trainer import Trainer
-
-        accepted = inspect.signature(Trainer).parameters
-        for key in self.trainer:
-            if key not in accepted:
-                if key in MEMORY_RUNTIME_KEYS:
-                    raise ConfigError(f"{key!r} requires the memory runtime, which this Trainer does not have; "
-                                      f"remove {key!r} from the config")
+        settings = dict(self.trainer)
+        for key in settings:
+            if key not in TRAINER_KEYS:
                 raise ConfigError(f"{key!r} is not an argument of this Trainer; remove it from the config")
         loss, optimizer, scheduler = self.build_loss(), self._component("optimizer"), self._component("scheduler")
-        kwargs = dict(self.trainer)
-        if "checkpoint_dir" in kwargs:
-            kwargs["checkpoint_dir"] = self.path(kwargs["checkpoint_dir"])
+        if "checkpoint_dir" in settings:
+            settings["checkpoint_dir"] = self.path(settings["checkpoint_dir"])
         try:
-            return Trainer(model, loss=loss, optimizer=optimizer, scheduler=scheduler, **kwargs)
+            return Trainer(model, loss=loss, optimizer=optimizer, scheduler=scheduler,
+                           options=TrainerOptions(**settings))
         except (ValueError, TypeError) as exc:
             raise ConfigError(str(exc)) from exc
 
@@ -315,25 +293,18 @@ class Config:
         """``(train, test)`` datasets; test is None when the config names none."""
         if self.data is None:
             raise ConfigError("the config has no [data] table; add dataset = \"mnist\" or train = \"<file>.npz\"")
-        if self.data.get("dataset") in SERIES_DATASETS:
-            return series_windows(self.data or {})
         if "dataset" in self.data:
-            from neuroflow import data
-
-            loader = getattr(data, self.data["dataset"])
-            kwargs: dict[str, Any] = {}
-            if "path" in self.data:
-                kwargs["path"] = self.path(self.data["path"])
-            if "flat" in self.data:
-                kwargs["flat"] = self.data["flat"]
-            if "normalize" in self.data:
-                kwargs["normalize"] = self.data["normalize"]
-            return loader("train", **kwargs), loader("test", **kwargs)
+            source = dataset_source(self.data, self.path)
+            try:
+                train, test = source.load()
+            except ValueError as exc:  # a value the data set refuses once it sees the data (too short a series)
+                raise ConfigError(f"[data] {exc}") from exc
+            return train, test
         test = self.data.get("test")
         return self._npz("train"), None if test is None else self._npz("test")
 
     def _npz(self, key: str) -> Any:
-        from neuroflow.data import ArrayDataset
+        from neuroflow.data import ArrayDataset  # lazy: importing neuroflow.data would slow every CLI start
 
         path = self.path(self.data[key]) if self.data else Path()
         if not path.is_file():
@@ -370,7 +341,6 @@ def resolve_model_config(spec: str) -> Config:
     path = Path(spec)
     if path.suffix == ".toml" or path.exists():
         return load_config(path)
-    from neuroflow import registry
 
     if spec not in registry.models:
         raise UnknownNameError("model", spec, registry.models.names(),

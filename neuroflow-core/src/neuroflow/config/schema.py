@@ -3,48 +3,26 @@
 from __future__ import annotations
 
 import inspect
+import os
 import types
 import typing
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from neuroflow import registry
 from neuroflow.errors import ConfigError, NeuroFlowError
+from neuroflow.trainer.options import config_keys
 
-#: Top-level keys: the Trainer's keyword arguments, plus ``epochs`` for ``fit``.
-TRAINER_KEYS: dict[str, type] = {
-    "device": str,
-    "batch_size": int,
-    "epochs": int,
-    "gradient_accumulation_steps": int,
-    "clip_grad_norm": float,
-    "seed": int,
-    "shuffle": bool,
-    "debug": bool,
-    "allocator": str,
-    "enable_async_unload": bool,
-    "memory_pool_size_mb": float,
-    "memory_budget_mb": float,
-    "checkpoint_dir": str,
-    "checkpoint_every": int,
-    "keep_checkpoints": int,
-    "lora_fusion": bool,
-    "gradient_compression": str,
-    "compression_ratio": float,
-    "compression_threshold": float,
-    "update_in_backward": bool,
-}
-#: Keys the memory runtime adds to the Trainer; passed on only when the Trainer accepts them.
-MEMORY_RUNTIME_KEYS = frozenset({"enable_async_unload", "memory_pool_size_mb", "memory_budget_mb",
-                                 "gradient_compression", "compression_ratio", "compression_threshold",
-                                 "update_in_backward"})
+if TYPE_CHECKING:
+    from neuroflow.data.dataset import DatasetSource
+
+#: Top-level keys: the Trainer's options (:class:`~neuroflow.trainer.TrainerOptions`), plus ``epochs`` for ``fit``.
+TRAINER_KEYS: dict[str, type] = {**config_keys(), "epochs": int}
 TABLES = ("model", "data", "loss", "optimizer", "scheduler", "lora", "output")
 MODEL_KEYS: dict[str, type] = {"name": str, "layers": list, "from": str, "input_shape": list}
-DATA_KEYS: dict[str, type] = {"dataset": str, "flat": bool, "normalize": bool, "path": str, "train": str, "test": str,
-                              "window": int, "horizon": int, "split": float}
-IMAGE_DATASETS = ("mnist", "fashion_mnist")
-SERIES_DATASETS = ("sunspots",)
-DATASETS = IMAGE_DATASETS + SERIES_DATASETS
-IMAGE_KEYS = ("flat", "normalize", "path")
-SERIES_KEYS = ("window", "horizon", "split")
+#: ``[data]`` with arrays from .npz files; with ``dataset = "<name>"`` the keys are the data set's own (``dataset_source``).
+NPZ_KEYS: dict[str, type] = {"train": str, "test": str}
 LORA_KEYS: dict[str, type] = {"rank": int, "alpha": float, "dropout": float, "targets": list}
 OUTPUT_KEYS: dict[str, type] = {"save": str, "fuse": bool, "quantize": str}
 
@@ -78,18 +56,40 @@ def check_keys(where: str, table: dict[str, Any], valid: dict[str, type]) -> Non
         check_type(where, key, value, valid[key])
 
 
+def is_path(hint: Any) -> bool:
+    """Whether a parameter annotation asks for a file-system path (``os.PathLike``, ``Path``, or a union with one)."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return any(is_path(a) for a in typing.get_args(hint))
+    origin = typing.get_origin(hint) or hint
+    return isinstance(origin, type) and issubclass(origin, os.PathLike)
+
+
 def simple_type(hint: Any) -> type | None:
-    """The one scalar type a parameter annotation asks for (``int``, ``float | None`` → float), else None."""
+    """The one scalar type a parameter annotation asks for (``int``, ``float | None`` → float), else None.
+
+    A path (``str | os.PathLike[str] | None``) is a string in a TOML file.
+    """
+    if is_path(hint):
+        return str
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         return simple_type(args[0]) if len(args) == 1 else None
     return hint if hint in (int, float, bool, str) else None
 
 
-def call_checked(where: str, factory: Any, kwargs: dict[str, Any]) -> Any:
+def _hints(factory: Any) -> dict[str, Any]:
+    try:
+        target = factory.__init__ if inspect.isclass(factory) else factory
+        return typing.get_type_hints(target)
+    except Exception:  # annotations naming types that only exist for type checkers
+        return {}
+
+
+def call_checked(where: str, factory: Any, kwargs: dict[str, Any], selector: str = "type") -> Any:
     """``factory(**kwargs)`` after checking the keys and scalar types against its signature.
 
     A ``*args`` parameter is given as an array under its name: ``Reshape(*shape)`` takes ``shape = [1, 28, 28]``.
+    ``selector`` is the key that chose ``factory``, listed first among the valid keys.
     """
     args: list[Any] = []
     try:
@@ -101,18 +101,14 @@ def call_checked(where: str, factory: Any, kwargs: dict[str, Any]) -> Any:
         named = [p for p in params.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         star = next((p.name for p in params.values() if p.kind is p.VAR_POSITIONAL), None)
         takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-        valid = ["type", *(p.name for p in named), *([star] if star else [])]
+        valid = [selector, *(p.name for p in named), *([star] if star else [])]
         for key in kwargs:
             if key not in valid and not takes_any:
                 raise ConfigError(f"unknown key {key!r} in {where}; valid keys: {', '.join(valid)}")
         if star is not None and star in kwargs:
             check_type(where, star, kwargs[star], list)
             args = kwargs.pop(star)
-        try:
-            target = factory.__init__ if inspect.isclass(factory) else factory
-            hints = typing.get_type_hints(target)
-        except Exception:  # annotations naming types that only exist for type checkers
-            hints = {}
+        hints = _hints(factory)
         for key, value in kwargs.items():
             expected = simple_type(hints.get(key))
             if expected is not None:
@@ -132,3 +128,26 @@ def match_name(name: str, available: list[str]) -> str | None:
         return name
     matches = [a for a in available if a.lower() == name.lower()]
     return matches[0] if len(matches) == 1 else None
+
+
+def dataset_source(data: dict[str, Any], path: Callable[[str], Path] | None = None) -> DatasetSource:
+    """The ``neuroflow_datasets`` entry ``[data] dataset`` names, built from the table's other keys.
+
+    Its keys and their types are checked against the entry's constructor (a
+    :class:`~neuroflow.data.dataset.DatasetSource`), which checks their values
+    and reads no data. With ``path``, the path-typed keys are resolved by it
+    (against the config file's directory); without, they stay as written (to
+    check a config when it is read). Raises ConfigError.
+    """
+    name = data["dataset"]
+    check_type("[data]", "dataset", name, str)
+    try:
+        source = registry.datasets.get(name)
+    except NeuroFlowError as exc:
+        raise ConfigError(f"[data] dataset: {exc}") from exc
+    options = {key: value for key, value in data.items() if key != "dataset"}
+    if path is not None:
+        hints = _hints(source)
+        options = {key: str(path(value)) if is_path(hints.get(key)) and isinstance(value, str) else value
+                   for key, value in options.items()}
+    return call_checked("[data]", source, options, selector="dataset")

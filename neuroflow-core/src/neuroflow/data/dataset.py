@@ -1,8 +1,8 @@
-"""Datasets: what a DataLoader draws batches from, and the in-memory ArrayDataset."""
+"""Datasets: what a DataLoader draws batches from, the in-memory ArrayDataset, and what a config names."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -15,6 +15,31 @@ class Dataset(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]: ...
+
+
+class DatasetSource(Protocol):
+    """A data set a config file asks for by name: what a ``neuroflow_datasets`` entry point names (a class).
+
+    ``[data] dataset = "mnist"`` looks the name up; the table's other keys are
+    the constructor's keyword arguments, checked against its signature and
+    annotations when the config is read. The constructor reads no data: it
+    keeps its options and raises ValueError for a value it refuses, so a bad
+    config fails before anything is loaded. A parameter annotated as a path
+    (``str | os.PathLike[str]``) is given relative to the config file's
+    directory. ``loss`` names the loss a config without ``[loss]`` trains with
+    (a class of :mod:`neuroflow.losses`, such as ``"MSE"`` for a forecast), or
+    is None for the Trainer's default. A plugin registers one in its
+    ``pyproject.toml``::
+
+        [project.entry-points.neuroflow_datasets]
+        sunspots = "neuroflow_ops_recurrent.data.datasets:Sunspots"
+    """
+
+    loss: ClassVar[str | None]
+
+    def load(self) -> tuple[Dataset, Dataset | None]:
+        """The training set and the held-out one (None when the data set has none)."""
+        ...
 
 
 class ArrayDataset:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -64,6 +66,33 @@ def fashion_mnist(
     ``/usr/share/datasets/fashion-mnist`` (Debian package ``dataset-fashion-mnist``).
     """
     return _load(FASHION_MNIST, split, path, flat, normalize)
+
+
+class MnistSource:
+    """MNIST as a config names it (``[data] dataset = "mnist"``): the ``path``, ``flat`` and ``normalize`` of
+    :func:`mnist` for both splits; registered in the ``neuroflow_datasets`` entry points."""
+
+    loss: ClassVar[str | None] = None  # the Trainer's default, CrossEntropy over the ten classes
+
+    def __init__(self, *, path: str | os.PathLike[str] | None = None, flat: bool = True,
+                 normalize: bool = False) -> None:
+        self.path, self.flat, self.normalize = path, flat, normalize
+
+    def load(self) -> tuple[ArrayDataset, ArrayDataset]:
+        """The training and test sets."""
+        return self._splits(mnist)
+
+    def _splits(self, loader: Callable[..., ArrayDataset]) -> tuple[ArrayDataset, ArrayDataset]:
+        train, test = (loader(split, path=self.path, flat=self.flat, normalize=self.normalize) for split in SPLITS)
+        return train, test
+
+
+class FashionMnistSource(MnistSource):
+    """Fashion-MNIST as a config names it (``[data] dataset = "fashion_mnist"``), with the keys of MNIST's."""
+
+    def load(self) -> tuple[ArrayDataset, ArrayDataset]:
+        """The training and test sets."""
+        return self._splits(fashion_mnist)
 
 
 #: Training-set pixel mean and standard deviation (of values in [0, 1]) used by ``normalize=True``.

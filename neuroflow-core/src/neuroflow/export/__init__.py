@@ -1,6 +1,8 @@
-"""Exporting models to other runtimes: ONNX (``to_onnx``, ``neuroflow export --onnx``), with converters by op name."""
+"""Exporting models to other runtimes: ONNX (``to_onnx``, ``neuroflow export --onnx``), with converters by op name.
 
-from neuroflow.export import onnx_vision  # noqa: F401 - registers the vision ops' converters
+Converters come from the ``neuroflow_onnx`` entry points (see :mod:`neuroflow.export.onnx_ops`).
+"""
+
 from neuroflow.export.errors import ExportError
 from neuroflow.export.onnx_export import DEFAULT_OPSET, ExportReport, to_onnx
 from neuroflow.export.onnx_graph import Converter, GraphBuilder, Value

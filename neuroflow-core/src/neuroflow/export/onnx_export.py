@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from neuroflow import registry
 from neuroflow.checkpoint.atomic import write_atomically
 from neuroflow.export.errors import ExportError
 from neuroflow.export.onnx_graph import GraphBuilder, Value, identity
-from neuroflow.export.onnx_ops import CONVERTERS
 from neuroflow.operator import Operator
 
 DEFAULT_OPSET = 17
@@ -75,7 +75,7 @@ def to_onnx(
     shape = tuple(input_shape)
     if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
         raise ExportError(f"input_shape must be positive integers, batch first, like (1, 784); got {input_shape!r}")
-    graph = GraphBuilder(opset, CONVERTERS)
+    graph = GraphBuilder(opset, registry.onnx_converters)
     x = Value(graph.fresh("input"), shape, identity(len(shape)))
     y = graph.convert(model, x, "model")
     proto = graph.to_proto(x, y, type(model).__name__)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from neuroflow.export.errors import ExportError
+from neuroflow.registry import Registry
 
 if TYPE_CHECKING:
     from neuroflow.operator import Operator
@@ -86,10 +87,13 @@ class _Node:
 
 @dataclass
 class GraphBuilder:
-    """Collects the nodes and initializers of one exported model; ``opset`` is the default domain's version."""
+    """Collects the nodes and initializers of one exported model; ``opset`` is the default domain's version.
+
+    ``converters`` finds an op's converter by its class name (``neuroflow.registry.onnx_converters``).
+    """
 
     opset: int
-    converters: dict[str, Converter]
+    converters: Registry
     nodes: list[_Node] = field(default_factory=list)
     initializers: dict[str, np.ndarray] = field(default_factory=dict)
     _names: set[str] = field(default_factory=set)
@@ -161,13 +165,13 @@ class GraphBuilder:
     def convert(self, op: Operator, x: Value, where: str) -> Value:
         """Add the nodes of ``op`` (its converter is looked up by class name) applied to ``x``."""
         kind = type(op).__name__
-        converter = self.converters.get(kind)
-        if converter is None:
+        if kind not in self.converters:
             raise ExportError(
-                f"{where} is a {kind}, which has no ONNX converter; supported ops: {', '.join(sorted(self.converters))}. "
-                "A plugin adds one with neuroflow.export.register_converter"
+                f"{where} is a {kind}, which has no ONNX converter; supported ops: {', '.join(self.converters.names())}. "
+                "A plugin adds one through the neuroflow_onnx entry points or neuroflow.export.register_converter"
                 + (" (LoRA adapters: fuse them first, neuroflow.lora.fuse)" if kind.startswith("LoRA") else "")
             )
+        converter: Converter = self.converters.get(kind)  # a plugin's that fails to import raises PluginLoadError
         expected = op.output_shape(x.shape)  # raises ShapeError, naming the op, for an input it does not take
         y = converter(self, op, x, where)
         if tuple(y.shape) != tuple(expected):

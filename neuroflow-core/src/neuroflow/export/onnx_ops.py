@@ -1,4 +1,4 @@
-"""ONNX converters by op class name, and those of the core's ops and composites.
+"""ONNX converters of the core's ops and composites, and how a plugin adds its own.
 
 A converter is ``converter(graph, op, x, where) -> Value``: it adds to
 ``graph`` (a :class:`~neuroflow.export.onnx_graph.GraphBuilder`) the nodes that
@@ -6,15 +6,23 @@ compute what ``op.forward`` computes in eval mode on the value ``x``, and
 returns the result; ``where`` is the op's path in the model (``model.3``),
 for node names and errors. A composite converts its children with
 ``graph.convert``. Converters read an op's parameters and attributes, never
-run it, and do not depend on its training mode. A plugin registers its own::
+run it, and do not depend on its training mode.
 
-    from neuroflow.export import Value, register_converter
+Converters are found by the op's class name in the ``neuroflow_onnx`` entry
+points: the core's are declared in neuroflow-core's ``pyproject.toml``, and
+a plugin declares those of its ops in its own::
+
+    [project.entry-points.neuroflow_onnx]
+    Swish = "my_plugin.onnx:swish"
+
+    # my_plugin/onnx.py
+    from neuroflow.export import Value
 
     def swish(graph, op, x, where):
         gate = graph.node("Sigmoid", [x.name], where)
         return Value(graph.node("Mul", [x.name, gate], where), x.shape, x.perm)
 
-    register_converter("Swish", swish)
+At run time (a notebook, a test) ``register_converter("Swish", swish)`` does the same.
 """
 
 from __future__ import annotations
@@ -22,10 +30,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from neuroflow import registry
 from neuroflow.export.onnx_graph import Converter, GraphBuilder, Value, identity
 from neuroflow.operator import Operator
-
-CONVERTERS: dict[str, Converter] = {}
 
 
 def register_converter(op_type: str, converter: Converter) -> None:
@@ -34,12 +41,12 @@ def register_converter(op_type: str, converter: Converter) -> None:
     Lookup is by the exact class name: a subclass that computes something
     else is never exported as its parent; register it under its own name.
     """
-    CONVERTERS[op_type] = converter
+    registry.onnx_converters.register(op_type, converter)
 
 
 def supported_ops() -> list[str]:
     """The op class names that have a converter."""
-    return sorted(CONVERTERS)
+    return registry.onnx_converters.names()
 
 
 def host(op: Operator, array: Any) -> Any:
@@ -56,7 +63,8 @@ def add(graph: GraphBuilder, a: Value, b: Value, where: str) -> Value:
                  identity(a.rank))
 
 
-def relu(graph: GraphBuilder, x: Value, where: str) -> Value:
+def apply_relu(graph: GraphBuilder, x: Value, where: str) -> Value:
+    """``max(x, 0)``, in the input's stored layout: a ReLU another op fuses, or one that ends a block."""
     return Value(graph.node("Relu", [x.name], where), x.shape, x.perm)
 
 
@@ -100,6 +108,11 @@ def _elementwise(op_type: str) -> Converter:
 
     convert.__doc__ = f"{op_type}, in the input's stored layout."
     return convert
+
+
+relu = _elementwise("Relu")
+sigmoid = _elementwise("Sigmoid")
+tanh = _elementwise("Tanh")
 
 
 def leaky_relu(graph: GraphBuilder, op: Any, x: Value, where: str) -> Value:
@@ -159,11 +172,3 @@ def residual(graph: GraphBuilder, op: Any, x: Value, where: str) -> Value:
 def concat_branches(graph: GraphBuilder, op: Any, x: Value, where: str) -> Value:
     parts = [graph.convert(branch, x, f"{where}.{i}") for i, branch in enumerate(op.branches)]
     return concat(graph, parts, op.axis, where)
-
-
-for _name, _converter in {
-    "Linear": linear, "ReLU": _elementwise("Relu"), "LeakyReLU": leaky_relu, "Sigmoid": _elementwise("Sigmoid"),
-    "Tanh": _elementwise("Tanh"), "GELU": gelu, "Softmax": softmax, "Dropout": dropout, "Flatten": flatten,
-    "Reshape": reshape, "Sequential": sequential, "Residual": residual, "Concat": concat_branches,
-}.items():
-    register_converter(_name, _converter)

@@ -52,6 +52,11 @@ def _last_use(pool: Any, array: Any) -> None:
         pool.release(array)
 
 
+def _weight_of(op: Operator) -> Tensor:
+    """``op``'s own parameter ``weight`` (:meth:`LoRAAdapter.refuses` checks that it has one)."""
+    return dict(op.named_parameters())["weight"]
+
+
 class UpProjection(Operator):
     """The adapter's ``B``: maps ``rank`` channels to ``out`` along ``axis`` (1 for NCHW maps, else the last)."""
 
@@ -136,7 +141,7 @@ class LoRAAdapter(Operator):
             raise LoRAError(f"LoRA dropout must be in [0, 1); got {dropout!r}")
         self.rank, self.alpha, self.dropout = int(rank), float(alpha), float(dropout)
         self.scaling = self.alpha / self.rank
-        weight = base._parameters["weight"].data
+        weight = _weight_of(base).data
         # What release_base() gives back when the adapter is fused.
         self.base_requires_grad = {name: p.requires_grad for name, p in base.named_parameters()}
         self.base_kept_columns = bool(getattr(base, "keep_columns", False))
@@ -148,7 +153,7 @@ class LoRAAdapter(Operator):
         fan_in = math.prod(weight.shape[1:])
         bound = 1.0 / math.sqrt(fan_in)  # Kaiming-uniform with a=√5, as PEFT initialises lora_A
         host = random.generator().uniform(-bound, bound, (self.rank, *weight.shape[1:]))
-        down._parameters["weight"].data = host.astype(weight.dtype)
+        _weight_of(down).data = host.astype(weight.dtype)
         self.lora_down = down
         self.lora_up = UpProjection(self.rank, weight.shape[0], self.channel_axis(base), weight.dtype)
         self._z: Any = None
@@ -175,7 +180,7 @@ class LoRAAdapter(Operator):
 
     def follow_base(self) -> None:
         """Put the adapter's own parts on the base's backend and in its training mode."""
-        base, backend = self.base, self.base._backend
+        base, backend = self.base, self.base.placed_on
         if backend is not self._backend and backend is not None:
             for child in self.children():
                 if child is not base:
@@ -211,7 +216,7 @@ class LoRAAdapter(Operator):
     @property
     def lora_A(self) -> Tensor:
         """(rank, in/groups, …): the weight of ``lora_down``, the base's rank-r copy."""
-        return self.lora_down._parameters["weight"]
+        return _weight_of(self.lora_down)
 
     @property
     def lora_B(self) -> Tensor:
@@ -229,7 +234,7 @@ class LoRAAdapter(Operator):
     @property
     def base_weight(self) -> Tensor:
         """The wrapped layer's weight, (out, in/groups, …)."""
-        return self.base._parameters["weight"]
+        return _weight_of(self.base)
 
     def delta_weight(self) -> Any:
         """``(alpha/rank)·B·A`` in the base weight's shape, computed in float32 (float64 for a float64 base)."""

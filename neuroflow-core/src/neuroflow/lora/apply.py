@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
+from neuroflow import registry
+from neuroflow.checkpoint.model_file import quantization_of
 from neuroflow.lora.adapter import ADAPTERS, LoRAAdapter, LoRAError
 from neuroflow.operator import Operator
 
@@ -38,8 +40,6 @@ def replace_child(parent: Operator, name: str, old: Operator, new: Operator) -> 
 
 def refuse_quantized(model: Operator, action: str) -> None:
     """Raise LoRAError when ``model``'s weights came from a quantized file: merging into them compounds the error."""
-    from neuroflow.checkpoint import quantization_of
-
     scheme = quantization_of(model)
     if scheme is not None:
         raise LoRAError(
@@ -85,14 +85,11 @@ def _select(model: Operator, targets: Targets) -> list[tuple[str, Operator | Non
             chosen.add(id(by_path[name][3]))
         elif name in types:
             chosen.update(id(op) for _, _, _, op in layers if type(op).__name__ == name)
-        else:
-            from neuroflow import registry
-
-            if name not in registry.ops.names():
-                raise LoRAError(
-                    f"LoRA target {name!r} is neither a layer path nor an op type of this model; "
-                    f"op types in the model: {', '.join(types)}; layers that can take an adapter: {_candidates(layers)}"
-                )
+        elif name not in registry.ops.names():
+            raise LoRAError(
+                f"LoRA target {name!r} is neither a layer path nor an op type of this model; "
+                f"op types in the model: {', '.join(types)}; layers that can take an adapter: {_candidates(layers)}"
+            )
     return [layer for layer in layers if id(layer[3]) in chosen]
 
 

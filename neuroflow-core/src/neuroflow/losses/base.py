@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from neuroflow.buffers.pool import BufferPool
+from neuroflow.buffers.trace import TracingPool
 
 
 class Loss:
@@ -15,9 +16,14 @@ class Loss:
     batch's mean gradient.
     """
 
-    _pool: BufferPool | None = None
+    _pool: BufferPool | TracingPool | None = None
     xp: Any = None
-    backend: Any = None  # set by the Trainer; its fused kernels replace the generic code where it has them
+    backend: Any = None  # where :meth:`to` placed it; its fused kernels replace the generic code where it has them
+
+    def to(self, backend: Any) -> Loss:
+        """Compute on ``backend``: its fused kernels (softmax-cross-entropy) replace the generic code."""
+        self.backend = backend
+        return self
 
     def fused(self, name: str, like: Any) -> Any:
         """The backend's fused kernel ``name`` for arrays like ``like`` (``Backend.fused``), or None."""
@@ -37,7 +43,12 @@ class Loss:
             return xp.empty(shape, dtype)
         return self._pool.get(self, key, shape, dtype)
 
-    def attach_pool(self, pool: BufferPool | None) -> None:
+    @property
+    def buffer_pool(self) -> BufferPool | TracingPool | None:
+        """The buffer pool :meth:`attach_pool` gave this loss, or None."""
+        return self._pool
+
+    def attach_pool(self, pool: BufferPool | TracingPool | None) -> None:
         self._pool = pool
 
     def predictions(self, output: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from neuroflow.backends import kernels
 from neuroflow.backends.namespaces import array_namespace
 from neuroflow.errors import ShapeError
 from neuroflow.losses.base import Loss
@@ -36,7 +37,7 @@ class CrossEntropy(Loss):
             raise ShapeError(f"CrossEntropy got labels of dtype {target.dtype}; expected integers in [0, {c})")
         xp = array_namespace(pred)
         z = self.buffer("z", pred.shape, pred.dtype, xp)
-        fused = self.fused("softmax_cross_entropy", pred) if n else None
+        fused = self.fused(kernels.SOFTMAX_CROSS_ENTROPY.name, pred) if n else None
         if fused is not None:
             # the kernel turns a bad label into a NaN loss, so the labels are read back only then
             row_loss = self.buffer("row_loss", (n,), pred.dtype, xp)
@@ -78,7 +79,7 @@ class CrossEntropy(Loss):
         xp = array_namespace(probs)
         # The gradient overwrites the probabilities in place: nothing reads them after this.
         g, self._probs = probs, None
-        fused = self.fused("softmax_cross_entropy_backward", probs)
+        fused = self.fused(kernels.SOFTMAX_CROSS_ENTROPY_BACKWARD.name, probs)
         if fused is not None:
             return fused(probs, labels, scale, self.label_smoothing)
         eps = self.label_smoothing

@@ -13,110 +13,22 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from neuroflow.allocators.base import ALIGNMENT
-from neuroflow.buffers.planner import Plan, place
+from neuroflow.buffers.planner import place
 from neuroflow.buffers.trace import Slot, TracingPool
 from neuroflow.composites import input_layer
 from neuroflow.errors import ConfigError
 from neuroflow.fusion import fuse
+from neuroflow.losses.cross_entropy import CrossEntropy
 from neuroflow.memory.compression import MODES, compression_nbytes
+from neuroflow.memory.report import KINDS, LayerRow, MemoryReport, MiB
 from neuroflow.operator import Operator
 
-MiB = 1024 * 1024
-KINDS = ("parameters", "gradients", "optimizer", "activations", "workspace", "grads_in_flight")
-
-
-@dataclass
-class LayerRow:
-    """Bytes one layer holds, by kind (activations etc. before buffers are shared)."""
-
-    name: str
-    op: str
-    bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
-
-
-@dataclass
-class MemoryReport:
-    """What a training step needs: per-layer rows, the arena after sharing, and the predicted peak."""
-
-    batch_size: int
-    rows: list[LayerRow]
-    parameter_bytes: int
-    gradient_bytes: int
-    optimizer_bytes: int
-    plan: Plan
-    budget_bytes: int | None = None
-    largest_batch: int | None = None
-    suggestion: tuple[int, int] | None = None
-    effective_batch: int | None = None
-    #: the error-feedback residual of gradient compression (0 without it)
-    compression_bytes: int = 0
-    #: host memory the data loader holds for this batch size (prefetched batches), counted against a budget
-    input_reserve_bytes: int = 0
-
-    @property
-    def arena_bytes(self) -> int:
-        return self.plan.arena_bytes
-
-    @property
-    def static_bytes(self) -> int:
-        return self.parameter_bytes + self.gradient_bytes + self.optimizer_bytes + self.compression_bytes
-
-    @property
-    def predicted_peak_bytes(self) -> int:
-        return self.static_bytes + self.arena_bytes + ALIGNMENT  # the arena is over-allocated to align it
-
-    def fits(self, reserve_bytes: int | None = None) -> bool:
-        """Whether the predicted peak, plus ``reserve_bytes`` kept for input data, is within the budget."""
-        reserve = self.input_reserve_bytes if reserve_bytes is None else reserve_bytes
-        return self.budget_bytes is None or self.predicted_peak_bytes + reserve <= self.budget_bytes
-
-    def __str__(self) -> str:
-        def mb(n: int) -> str:
-            return f"{n / MiB:9.3f}"
-
-        head = f"{'layer':<28}{'params':>10}{'grads':>10}{'optim':>10}{'activ':>10}{'work':>10}{'g-flight':>10}  (MiB)"
-        lines = [f"memory plan for batch {self.batch_size}", head, "-" * len(head)]
-        for row in self.rows:
-            label = f"{row.name} {row.op}"[:27]
-            lines.append(f"{label:<28}" + "".join(f"{mb(row.bytes[k]):>10}" for k in KINDS))
-        lines.append("-" * len(head))
-        lines.append(f"parameters + gradients + optimizer state: {self.static_bytes / MiB:.3f} MiB")
-        if self.compression_bytes:
-            lines.append(f"  of which gradient compression (error-feedback residual): {self.compression_bytes / MiB:.3f} MiB")
-        lines.append(
-            f"activation arena: {self.arena_bytes / MiB:.3f} MiB (unshared {self.plan.unshared_bytes / MiB:.3f} MiB, "
-            f"lower bound {self.plan.max_live_bytes / MiB:.3f} MiB)"
-        )
-        lines.append(f"predicted peak of a training step: {self.predicted_peak_bytes / MiB:.3f} MiB")
-        if self.budget_bytes is not None:
-            if self.input_reserve_bytes:
-                lines.append(f"input batches the data loader holds: {self.input_reserve_bytes / MiB:.3f} MiB")
-            lines.append(f"budget: {self.budget_bytes / MiB:.3f} MiB -> {'fits' if self.fits() else 'does NOT fit'}")
-            if self.largest_batch is not None:
-                lines.append(f"largest batch that fits: {self.largest_batch}")
-            if self.suggestion is not None:
-                b, k = self.suggestion
-                lines.append(f"to keep the effective batch {self.effective_batch}: batch_size={b} x "
-                             f"gradient_accumulation_steps={k} (= {b * k})")
-            elif self.largest_batch == 0:
-                lines.append("not even batch 1 fits: the parameters and optimizer state alone exceed the budget")
-            elif self.largest_batch is not None and self.effective_batch is not None:
-                lines.append(f"no batch x accumulation pair keeps the effective batch {self.effective_batch} within "
-                             "the budget (accumulating needs a workspace per weight gradient); use "
-                             f"batch_size={self.largest_batch} without accumulation, or raise the budget")
-        return "\n".join(lines)
-
-    def to_png(self, path: str) -> None:
-        """Write a heat-map of layers × memory kinds (needs matplotlib)."""
-        from neuroflow.memory.heatmap import write_heatmap
-
-        write_heatmap(self, path)
+__all__ = ["KINDS", "BatchModel", "LayerRow", "MemoryReport", "MiB", "fit_batch", "largest_batch", "named_leaves",
+           "profile", "trace_step"]
 
 
 def named_leaves(model: Operator, prefix: str = "") -> Iterator[tuple[str, Operator]]:
@@ -137,8 +49,8 @@ def trace_step(
     straight into the gradient buffers and need no workspace for them.
     """
     xp = model.xp
-    saved_pool = model._pool
-    saved_loss_pool = getattr(loss, "_pool", None)
+    saved_pool = model.buffer_pool
+    saved_loss_pool = loss.buffer_pool
     snapshot = _snapshot(model)
     for module, _ in snapshot["states"]:
         module.reset_state()  # type: ignore[attr-defined]
@@ -179,8 +91,6 @@ def trace_step(
 
 
 def _zero_target(loss: Any, out: Any, xp: Any) -> Any:
-    from neuroflow.losses.cross_entropy import CrossEntropy
-
     if isinstance(loss, CrossEntropy):
         return xp.zeros(out.shape[0], dtype=np.int64)
     return xp.zeros(out.shape, dtype=out.dtype)
@@ -280,8 +190,6 @@ def profile(
     ``gradient_compression`` the static memory includes the compressor's
     error-feedback residual.
     """
-    from neuroflow.losses.cross_entropy import CrossEntropy
-
     if not input_shape or int(input_shape[0]) < 1:
         raise ConfigError(f"input_shape must start with a positive batch size; got {tuple(input_shape)}")
     if budget_mb is not None and budget_mb <= 0:
@@ -359,8 +267,8 @@ def _rows(model: Operator, slots: list[Slot], optimizer_bytes: int, gradient_byt
     per_grad_byte = optimizer_bytes / gradient_bytes if gradient_bytes else 0.0
     for name, leaf in named_leaves(model):
         row = LayerRow(name, repr(leaf).split("\n")[0])
-        own = list(leaf._parameters.values())
-        row.bytes["parameters"] = sum(p.nbytes for p in own) + sum(t.nbytes for t in leaf._buffers.values())
+        own = leaf.parameters()  # a leaf's own: it has no children
+        row.bytes["parameters"] = sum(p.nbytes for p in own) + sum(t.nbytes for _, t in leaf.named_buffers())
         grads = sum(p.nbytes for p in own if p.requires_grad)
         row.bytes["gradients"] = grads
         row.bytes["optimizer"] = int(grads * per_grad_byte)

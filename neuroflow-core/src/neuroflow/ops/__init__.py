@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from neuroflow import registry
+from neuroflow.errors import UnknownNameError
+
 
 def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
-    from neuroflow import registry
-    from neuroflow.errors import UnknownNameError
-
     try:
         return registry.ops.get(name)
     except UnknownNameError as exc:
@@ -23,6 +23,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    from neuroflow import registry
-
     return registry.ops.names()

@@ -9,13 +9,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from neuroflow.backends import kernels
+from neuroflow.errors import ShapeError
 from neuroflow.operator import MemoryDeclaration, Operator
 
 
 class _Elementwise(Operator):
     """Shared plumbing: shape-preserving op that caches one array of the input's shape."""
 
-    #: The name a backend's fused ``activation_backward`` knows this activation by (None: no fused path).
+    #: The name a backend's fused ``kernels.ACTIVATION_BACKWARD`` knows this activation by (None: no fused path).
     fused_name: str | None = None
     fused_slope = 0.0
 
@@ -37,8 +39,6 @@ class _Elementwise(Operator):
         if self._cache is None:
             raise RuntimeError(f"{self!r}.backward called before forward")
         if grad_out.shape != self._cache.shape:
-            from neuroflow.errors import ShapeError
-
             raise ShapeError(f"{self!r}.backward got gradient of shape {grad_out.shape}; expected {self._cache.shape}")
         # Under a pool (the Trainer, which reads the model's output before backward), the cached output is
         # dead after this call: the gradient takes its memory instead of a buffer of its own.
@@ -46,7 +46,7 @@ class _Elementwise(Operator):
             gx = self._cache
         else:
             gx = self.buffer("gx", grad_out.shape, grad_out.dtype)
-        fused = self.fused("activation_backward", grad_out) if self.fused_name else None
+        fused = self.fused(kernels.ACTIVATION_BACKWARD.name, grad_out) if self.fused_name else None
         if fused is not None:
             fused(self._cache, grad_out, gx, self.fused_name, self.fused_slope)
         else:

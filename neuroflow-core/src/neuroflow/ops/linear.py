@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from neuroflow import random
+from neuroflow.backends import kernels
 from neuroflow.errors import ShapeError
 from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow.tensor import Tensor
@@ -42,7 +43,7 @@ class Linear(Operator):
         xp = self.xp
         x2 = x.reshape(-1, self.in_features)
         y = self.buffer("y", (x2.shape[0], self.out_features), x.dtype)
-        fused = self.fused("linear", x2) if self.has_bias else None
+        fused = self.fused(kernels.LINEAR.name, x2) if self.has_bias else None
         if fused is not None:
             fused(x2, self.weight.data, self.bias.data, y)
         else:
@@ -65,7 +66,7 @@ class Linear(Operator):
             gx = self.buffer("gx", x2.shape, x2.dtype)
             xp.matmul(g2, self.weight.data, out=gx)
         both = self.weight.requires_grad and self.has_bias and self.bias.requires_grad
-        fused = self.fused("linear_weight_grad", g2) if both else None
+        fused = self.fused(kernels.LINEAR_WEIGHT_GRAD.name, g2) if both else None
         if fused is not None:
             (gw, add_w), (gb, add_b) = self.grad_target(self.weight, "gw"), self.grad_target(self.bias, "gb")
             fused(g2, x2, gw, gb)

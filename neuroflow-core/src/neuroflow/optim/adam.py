@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from neuroflow.backends import kernels
 from neuroflow.errors import ConfigError
 from neuroflow.optim.base import Optimizer, check_range
 
@@ -41,7 +42,7 @@ class Adam(Optimizer):
         return ("exp_avg", "exp_avg_sq")
 
     def _update(self, data: Any, grad: Any, lr: float, state: dict[str, Any]) -> None:
-        fused = self.fused("adam_update")
+        fused = self.fused(kernels.ADAM_UPDATE.name)
         if fused is not None:
             fused(data, grad, state["exp_avg"], state["exp_avg_sq"], lr=lr, beta1=self.betas[0],
                   beta2=self.betas[1], eps=self.eps, weight_decay=self.weight_decay,

@@ -55,7 +55,7 @@ class Optimizer:
     returns their constructor arguments.
     """
 
-    backend: Any = None  # set by the Trainer; its fused update kernels replace the generic code where it has them
+    backend: Any = None  # given to :meth:`bind`; its fused update kernels replace the generic code where it has them
 
     def __init__(self, lr: float) -> None:
         self.lr = check_range(type(self).__name__, "lr", lr, 0.0, low_open=True)
@@ -91,11 +91,13 @@ class Optimizer:
         return self._flat
 
     def fused(self, name: str) -> Any:
-        """The backend's fused kernel ``name`` when the Trainer placed this optimizer on one, else None."""
+        """The backend's fused kernel ``name`` when :meth:`bind` was given a backend, else None."""
         return None if self.backend is None else self.backend.fused(name, self.flat.data)
 
-    def bind(self, flat: FlatParameters) -> None:
+    def bind(self, flat: FlatParameters, backend: Any = None) -> None:
         """Attach to ``flat`` and allocate zeroed state and scratch buffers; the step count restarts at 0.
+
+        ``backend`` (the one ``flat`` lives on) lends its fused update kernels, where it has them.
 
         State loaded with :meth:`load_state_dict` before binding is copied in
         here instead, and its step count kept.
@@ -111,7 +113,7 @@ class Optimizer:
         if pending is not None:
             self._check_sizes(pending, size)
         self._pending = None
-        self._flat, self._xp = flat, xp
+        self._flat, self._xp, self.backend = flat, xp, backend
         self.state = {name: xp.zeros(size, dtype=dtype) for name in self.state_names()}
         self._scratch = xp.empty(min(size, CHUNK), dtype=dtype)
         if pending is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from neuroflow.backends import kernels
 from neuroflow.errors import ConfigError
 from neuroflow.optim.base import Optimizer, check_range
 
@@ -46,7 +47,7 @@ class SGD(Optimizer):
         return ("momentum_buffer",) if self.momentum else ()
 
     def _update(self, data: Any, grad: Any, lr: float, state: dict[str, Any]) -> None:
-        fused = self.fused("sgd_update")
+        fused = self.fused(kernels.SGD_UPDATE.name)
         if fused is not None:
             fused(data, grad, state.get("momentum_buffer"), lr=lr, momentum=self.momentum,
                   dampening=self.dampening, nesterov=self.nesterov, weight_decay=self.weight_decay,

@@ -14,14 +14,15 @@ class GradcheckError(AssertionError):
     """An operator's backward disagrees with central finite differences."""
 
 
-def _as_tuple(value: Any) -> tuple[Any, ...]:
+def as_tuple(value: Any) -> tuple[Any, ...]:
+    """An op's outputs (or gradients) as a tuple: a single array becomes a 1-tuple."""
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
 def _run(op: Operator, inputs: Sequence[np.ndarray], prepare: Callable[[], None] | None) -> tuple[np.ndarray, ...]:
     if prepare is not None:
         prepare()
-    return tuple(np.array(o, dtype=np.float64, copy=True) for o in _as_tuple(op.forward(*inputs)))
+    return tuple(np.array(o, dtype=np.float64, copy=True) for o in as_tuple(op.forward(*inputs)))
 
 
 def gradcheck(
@@ -46,7 +47,7 @@ def gradcheck(
     """
     rng = np.random.default_rng(seed)
     op.astype(np.float64)
-    xs = [np.array(x, dtype=np.float64, copy=True) for x in _as_tuple(inputs)]
+    xs = [np.array(x, dtype=np.float64, copy=True) for x in as_tuple(inputs)]
     if check_inputs is None:
         check_inputs = [True] * len(xs)
     params = [(name, p) for name, p in op.named_parameters() if p.requires_grad]
@@ -55,7 +56,7 @@ def gradcheck(
 
     outputs = _run(op, xs, prepare)
     weights = [rng.standard_normal(o.shape) for o in outputs]
-    grads = _as_tuple(op.backward(*weights) if len(weights) > 1 else op.backward(weights[0]))
+    grads = as_tuple(op.backward(*weights) if len(weights) > 1 else op.backward(weights[0]))
     if len(grads) != len(xs):
         raise GradcheckError(f"{op!r}.backward returned {len(grads)} gradients for {len(xs)} inputs")
     analytic_inputs = [np.array(g, dtype=np.float64, copy=True) for g in grads]

@@ -11,7 +11,7 @@ from neuroflow import registry
 from neuroflow.backends.base import Backend
 from neuroflow.errors import NeuroFlowError
 from neuroflow.operator import Operator
-from neuroflow.testing.gradcheck import _as_tuple, gradcheck
+from neuroflow.testing.gradcheck import as_tuple, gradcheck
 
 
 def installed_backends() -> list[str]:
@@ -62,11 +62,11 @@ class OpTestCase:
         for op, backend in ((reference, None), (other, nf_backend)):
             self.prepare(op)
             device_inputs = [backend.from_host(x) if backend else x for x in inputs]
-            out = _as_tuple(op.forward(*device_inputs))
+            out = as_tuple(op.forward(*device_inputs))
             host_out = [np.asarray(backend.to_host(o) if backend else o) for o in out]
             grads_out = [np.random.default_rng(1).standard_normal(o.shape).astype(np.float32) for o in host_out]
             device_grads = [backend.from_host(g) if backend else g for g in grads_out]
-            gin = _as_tuple(op.backward(*device_grads) if len(device_grads) > 1 else op.backward(device_grads[0]))
+            gin = as_tuple(op.backward(*device_grads) if len(device_grads) > 1 else op.backward(device_grads[0]))
             host_gin = [np.asarray(backend.to_host(g) if backend else g) for g in gin]
             param_grads = [
                 np.asarray(backend.to_host(p.grad) if backend else p.grad)

@@ -2,6 +2,8 @@
 
 Any package's tests get ``nf_backend`` (parametrised over every installed,
 runnable backend) and ``nf_gradcheck`` (the float64 finite-difference check).
+pytest loads this plugin in every session wherever neuroflow-core is installed,
+so what the fixtures need is imported only when a test asks for them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import pytest
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "nf_backend_name" in metafunc.fixturenames:
-        from neuroflow.testing.op_case import installed_backends
+        from neuroflow.testing.op_case import installed_backends  # lazy: see the module docstring
 
         metafunc.parametrize("nf_backend_name", installed_backends())
 
@@ -21,7 +23,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture
 def nf_backend(nf_backend_name: str) -> Any:
     """A Backend instance; tests using it run once per installed backend."""
-    from neuroflow.backends.selection import get_backend
+    from neuroflow.backends.selection import get_backend  # lazy: see the module docstring
 
     return get_backend(nf_backend_name)
 
@@ -29,6 +31,6 @@ def nf_backend(nf_backend_name: str) -> Any:
 @pytest.fixture
 def nf_gradcheck() -> Any:
     """``neuroflow.testing.gradcheck``: float64 finite-difference check of an operator."""
-    from neuroflow.testing.gradcheck import gradcheck
+    from neuroflow.testing.gradcheck import gradcheck  # lazy: see the module docstring
 
     return gradcheck

@@ -67,7 +67,7 @@ extern "C" __global__ void softmax_xent_forward(const T* logits, const long long
         T log_norm = log(s);
         long long label = labels[row];
         // an out-of-range label reads nothing and makes the loss NaN; the caller then names the bad label
-        T nll = (label >= 0 && label < c) ? log_norm - (z[label] - m) : T(NAN);
+        T nll = (label >= 0 && label < c) ? log_norm - (z[label] - m) : T(nan(""));
         T smooth = log_norm - shifted / T(c);
         row_loss[row] = (T(1) - smoothing) * nll + smoothing * smooth;
     }

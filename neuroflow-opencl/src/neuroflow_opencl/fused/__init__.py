@@ -1,4 +1,4 @@
-"""The opencl backend's fused kernels, by the names ops look them up with (``Backend.kernel(name)``).
+"""The opencl backend's fused kernels, registered against their declarations in ``neuroflow.backends.kernels``.
 
 Each replaces a run of generic ``xp`` calls (an Adam step is fourteen
 elementwise passes; softmax-cross-entropy nine launches) with one launch —
@@ -13,19 +13,21 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from neuroflow.backends import kernels
 from neuroflow_opencl.fused import activation, cross_entropy, linear, optim
 
-KERNELS: dict[str, Callable[..., Any]] = {
-    "adam_update": optim.adam_update,
-    "sgd_update": optim.sgd_update,
-    "softmax_cross_entropy": cross_entropy.softmax_cross_entropy,
-    "softmax_cross_entropy_backward": cross_entropy.softmax_cross_entropy_backward,
-    "activation_backward": activation.activation_backward,
-    "linear": linear.linear,
-    "linear_weight_grad": linear.linear_weight_grad,
+#: Each declared kernel (``neuroflow.backends.kernels``) this backend implements → its function(device, ...).
+KERNELS: dict[kernels.FusedKernel, Callable[..., Any]] = {
+    kernels.ADAM_UPDATE: optim.adam_update,
+    kernels.SGD_UPDATE: optim.sgd_update,
+    kernels.SOFTMAX_CROSS_ENTROPY: cross_entropy.softmax_cross_entropy,
+    kernels.SOFTMAX_CROSS_ENTROPY_BACKWARD: cross_entropy.softmax_cross_entropy_backward,
+    kernels.ACTIVATION_BACKWARD: activation.activation_backward,
+    kernels.LINEAR: linear.linear,
+    kernels.LINEAR_WEIGHT_GRAD: linear.linear_weight_grad,
 }
 
 
 def bind(device: Any) -> dict[str, Callable[..., Any]]:
-    """Every fused kernel with ``device`` bound as its first argument."""
-    return {name: functools.partial(fn, device) for name, fn in KERNELS.items()}
+    """Every fused kernel by name, with ``device`` bound as its first argument (checked against its declaration)."""
+    return kernels.implementations("opencl", {kernel: functools.partial(fn, device) for kernel, fn in KERNELS.items()})

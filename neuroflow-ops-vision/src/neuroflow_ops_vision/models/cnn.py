@@ -16,9 +16,10 @@ from neuroflow.composites import Residual, Sequential
 from neuroflow.ops.linear import Linear
 from neuroflow_ops_vision.attention import SqueezeExcite
 from neuroflow_ops_vision.batchnorm import BatchNorm2d
-from neuroflow_ops_vision.conv import Conv2d, SeparableConv2d
+from neuroflow_ops_vision.conv import Conv2d
 from neuroflow_ops_vision.layout import check_layout
 from neuroflow_ops_vision.pooling import GlobalAvgPool2d, MaxPool2d
+from neuroflow_ops_vision.separable import SeparableConv2d
 
 
 def _separable(cin: int, cout: int, dtype: Any) -> list[Any]:

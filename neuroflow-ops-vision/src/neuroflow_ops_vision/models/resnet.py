@@ -133,8 +133,8 @@ class BasicBlock(Operator):
 
         g = step(self.bn2, g)
         with Workspace(self, "recompute") as ws:
-            h = self.bn1.recompute(ws("block.h", self.bn1._x.shape, g.dtype))
-            self.conv2._x = h  # conv2's input, dropped after forward
+            h = self.bn1.recompute(ws("block.h", self.bn1.saved_input.shape, g.dtype))
+            self.conv2.save_input(h)  # conv2's input, dropped after forward
             g = step(self.bn1, step(self.conv2, g))
         return step(self.conv1, g)
 
@@ -164,9 +164,9 @@ class BasicBlock(Operator):
 
     def read_input_from(self, x: Any) -> None:
         """Backward reads the block's input from ``x`` (the same values, recomputed into other memory)."""
-        self.conv1._x = x
+        self.conv1.save_input(x)
         if self.has_downsample:
-            self.downsample[0]._x = x
+            self.downsample[0].save_input(x)
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
         shape = self.conv1.output_shape(tuple(input_shape))
@@ -286,7 +286,8 @@ class ResNet(Sequential):
                 recomputed[index] = producer.recompute_output(x)
             else:
                 bn = cast(BatchNorm2d, producer)
-                recomputed[index] = bn.recompute(bn.buffer("recomputed.y", bn._x.shape, bn._x.dtype))
+                kept = bn.saved_input
+                recomputed[index] = bn.recompute(bn.buffer("recomputed.y", kept.shape, kept.dtype))
         return recomputed[index]
 
     def _input_of(self, chain: list[Operator], index: int, recomputed: dict[int, Any]) -> Any:
@@ -294,7 +295,7 @@ class ResNet(Sequential):
         block = cast(BasicBlock, chain[index])
         if _recomputable(chain[index - 1], block):
             return self._output_of(chain, index - 1, recomputed)
-        return block.conv1._x
+        return block.conv1.saved_input
 
     def get_config(self) -> dict[str, Any]:
         return {"layers": self.block_counts, "num_classes": self.num_classes, "small_input": self.small_input,

@@ -1,4 +1,6 @@
-"""ONNX converters of neuroflow-ops-vision's ops and blocks (registered by class name; the package is not imported).
+"""ONNX converters of this distribution's ops and blocks, found by class name through the ``neuroflow_onnx``
+entry points of its ``pyproject.toml`` (ChannelConcat and ResNet use the core's converters of Concat and
+Sequential, which convert their children in turn).
 
 ONNX's convolutions, pools and normalisations read NCHW. An op given NHWC
 maps (``layout="NHWC"``) reads them through a permuted value rather than a
@@ -13,17 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from neuroflow.export.errors import ExportError
-from neuroflow.export.onnx_graph import GraphBuilder, Value, identity
-from neuroflow.export.onnx_ops import (
-    add,
-    children_by_identity,
-    concat_branches,
-    host,
-    register_converter,
-    relu,
-    sequential,
-)
+from neuroflow.export import ExportError, GraphBuilder, Value
+from neuroflow.export.onnx_graph import identity
+from neuroflow.export.onnx_ops import add, apply_relu, children_by_identity, host
 
 TO_NHWC = (0, 2, 3, 1)
 TO_NCHW = (0, 3, 1, 2)
@@ -74,14 +68,14 @@ def batch_norm2d(graph: GraphBuilder, op: Any, x: Value, where: str) -> Value:
               graph.weight(shift, f"{where}.bias"), graph.weight(host(op, op.running_mean.data), f"{where}.running_mean"),
               graph.weight(host(op, op.running_var.data), f"{where}.running_var")]
     y = graph.from_nchw(graph.node("BatchNormalization", inputs, where, epsilon=float(op.eps)), x.shape, op.layout)
-    return relu(graph, y, where) if op.activation == "relu" else y
+    return apply_relu(graph, y, where) if op.activation == "relu" else y
 
 
 def max_pool2d(graph: GraphBuilder, op: Any, x: Value, where: str) -> Value:
     name = graph.node("MaxPool", [graph.nchw(x, op.layout, where)], where, dilations=list(op.dilation),
                       ceil_mode=int(op.ceil_mode), **_window(op))
     y = graph.from_nchw(name, op.output_shape(x.shape), op.layout)
-    return relu(graph, y, where) if op.activation == "relu" else y
+    return apply_relu(graph, y, where) if op.activation == "relu" else y
 
 
 def avg_pool2d(graph: GraphBuilder, op: Any, x: Value, where: str) -> Value:
@@ -143,13 +137,4 @@ def basic_block(graph: GraphBuilder, op: Any, x: Value, where: str) -> Value:
     for layer in (op.conv1, op.bn1, op.conv2, op.bn2):
         h = graph.convert(layer, h, f"{where}.{names[id(layer)]}")
     shortcut = graph.convert(op.downsample, x, f"{where}.downsample") if op.has_downsample else x
-    return relu(graph, add(graph, h, shortcut, where), where)
-
-
-for _name, _converter in {
-    "Conv2d": conv2d, "DepthwiseConv2d": conv2d, "SeparableConv2d": separable_conv2d,
-    "ConvertLayout": convert_layout, "BatchNorm2d": batch_norm2d, "MaxPool2d": max_pool2d, "AvgPool2d": avg_pool2d,
-    "GlobalAvgPool2d": global_avg_pool2d, "SqueezeExcite": squeeze_excite, "Upsample": upsample,
-    "ChannelConcat": concat_branches, "BasicBlock": basic_block, "ResNet": sequential,
-}.items():
-    register_converter(_name, _converter)
+    return apply_relu(graph, add(graph, h, shortcut, where), where)

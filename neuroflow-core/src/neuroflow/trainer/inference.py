@@ -1,0 +1,61 @@
+"""Evaluation and prediction: the model in eval mode on the session's buffers, its training mode restored after."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from neuroflow.errors import ConfigError
+from neuroflow.operator import Operator
+from neuroflow.trainer.session import MemorySession
+
+
+@contextlib.contextmanager
+def inference_mode(session: MemorySession) -> Iterator[Operator]:
+    """The model on the backend, loaded, in eval mode and on the session's buffers; its mode restored after."""
+    session.place_for_inference()
+    model = session.model
+    was_training = model.training
+    model.eval()
+    try:
+        with session.lend():
+            yield model
+    finally:
+        model.train(was_training)
+
+
+def evaluate(session: MemorySession, loader: Any, classification: bool) -> dict[str, float]:
+    """Mean loss (and accuracy when ``classification``) over the batches of ``loader``."""
+    backend, loss = session.backend, session.loss
+    loss_sum, correct, seen = 0.0, 0, 0
+    with inference_mode(session) as model:
+        for x, y in loader:
+            xd, yd = backend.from_host(x), backend.from_host(y)
+            out = model.forward(xd)
+            loss_sum += loss.forward(out, yd) * len(x)
+            if classification:
+                # the logits are small ((batch, classes)): counting on the host costs one read, no launches
+                correct += int((backend.to_host(out).argmax(axis=1) == y).sum())
+            seen += len(x)
+    if seen == 0:
+        raise ConfigError("evaluate got no data")
+    metrics = {"loss": loss_sum / seen}
+    if classification:
+        metrics["accuracy"] = correct / seen
+    return metrics
+
+
+def predict(session: MemorySession, x: np.ndarray, batch_size: int) -> np.ndarray:
+    """The loss's predictions (class probabilities for CrossEntropy) for host array ``x``, as a host array."""
+    backend, loss = session.backend, session.loss
+    parts = []
+    with inference_mode(session) as model:
+        for start in range(0, len(x), batch_size):
+            out = model.forward(backend.from_host(x[start:start + batch_size]))
+            parts.append(np.array(backend.to_host(loss.predictions(out)), copy=True))
+    if not parts:
+        raise ConfigError("predict got an empty batch")
+    return np.concatenate(parts)

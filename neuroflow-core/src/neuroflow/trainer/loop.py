@@ -1,0 +1,106 @@
+"""The epoch loop: micro-batches gathered into steps, the progress bar, step checkpoints, and Ctrl-C."""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from neuroflow.progress import EpochProgress
+from neuroflow.trainer.step import OptimisationStep
+
+
+class Interruption:
+    """A stop asked for by Ctrl-C (or :meth:`request`): the loop ends after the current step; a second Ctrl-C
+    aborts at once. The handler is installed only in the main thread, where Python delivers signals."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def request(self) -> None:
+        self.requested = True
+
+    def __enter__(self) -> Interruption:
+        self.requested = False
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_interrupt)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def _on_interrupt(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+class EpochRunner:
+    """Runs one epoch of ``loader`` through ``step``: ``accumulation`` batches a step, the last one short if the
+    data ends early; ``after_step()`` runs after every step (the trainer's step checkpoints).
+
+    ``complete`` says whether the last :meth:`run` went through all the data
+    (not stopped by an interruption).
+    """
+
+    def __init__(self, step: OptimisationStep, interruption: Interruption, augment: Callable[[Any], Any] | None,
+                 after_step: Callable[[Any], None], progress: bool) -> None:
+        self.step = step
+        self.interruption = interruption
+        self.augment = augment
+        self.after_step = after_step
+        self.progress = progress
+        self.complete = False
+
+    def run(self, loader: Any, epoch: int, epochs: int, steps: int) -> dict[str, float]:
+        """Train on one epoch of ``loader``; its metrics (loss, accuracy, lr, time)."""
+        start = time.perf_counter()
+        bar = EpochProgress(epoch, epochs, steps, enabled=self.progress)
+        k = self.step.session.accumulation
+        totals = [0.0, 0, 0]  # loss sum, correct, seen
+        window: list[tuple[Any, Any]] = []
+        batches = iter(loader)
+        self.complete = False
+        try:
+            for x, y in batches:
+                window.append((x if self.augment is None else self.augment(x), y))
+                if len(window) < k:
+                    continue
+                self._take(window, loader, bar, totals)
+                window = []
+                if self.interruption.requested:
+                    break
+            else:
+                self.complete = not window
+            if window and not self.interruption.requested:
+                self._take(window, loader, bar, totals)
+                self.complete = True
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+            bar.close()
+        loss_sum, correct, seen = totals
+        metrics: dict[str, float] = {"epoch": epoch, "loss": loss_sum / seen if seen else math.nan}
+        if self.step.classification:
+            metrics["accuracy"] = correct / max(seen, 1)
+        scheduler = self.step.scheduler
+        if scheduler is not None:
+            metrics["lr"] = float(scheduler.lr(max(self.step.count - 1, 0)))
+        metrics["time_s"] = time.perf_counter() - start
+        return metrics
+
+    def _take(self, window: list[tuple[Any, Any]], loader: Any, bar: EpochProgress, totals: list[Any]) -> None:
+        loss, hits = self.step.run(window)
+        n = sum(len(b[0]) for b in window)
+        totals[0] += loss * n
+        totals[1] += hits
+        totals[2] += n
+        bar.update(loss)
+        self.after_step(loader)

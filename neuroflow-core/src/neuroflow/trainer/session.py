@@ -1,0 +1,213 @@
+"""MemorySession: the memory a Trainer trains in, from the packed parameters to the planned arena.
+
+The session packs the model's parameters and gradients into one flat buffer
+each and binds the optimizer to them; it traces the first step, turns the
+trace into a plan and reserves the arena, and lends the planned pool to the
+model for the length of one trainer call. The fitting of batch ×
+accumulation to a memory budget is in :mod:`neuroflow.trainer.budget`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from neuroflow.allocators.arena import ArenaAllocator
+from neuroflow.backends.base import Backend
+from neuroflow.buffers.flat import FlatParameters
+from neuroflow.buffers.planner import Plan, place
+from neuroflow.buffers.pool import BufferPool
+from neuroflow.buffers.trace import TracingPool
+from neuroflow.composites import input_layer
+from neuroflow.errors import ConfigError, OutOfMemoryError
+from neuroflow.fusion import fuse
+from neuroflow.lora import mark_only_lora_as_trainable
+from neuroflow.losses.base import Loss
+from neuroflow.memory.compression import GradientCompressor
+from neuroflow.memory.offload import OffloadManager
+from neuroflow.operator import Operator
+from neuroflow.optim.base import Optimizer
+from neuroflow.optim.streaming import StreamedUpdates
+from neuroflow.registry import allocators
+from neuroflow.trainer import budget
+from neuroflow.trainer.options import TrainerOptions
+
+
+class MemorySession:
+    """Flat parameters, the buffer pool and its plan for one model, loss and optimizer on one backend.
+
+    ``batch_size`` and ``accumulation`` start as the options ask and are
+    what a memory budget chose once :func:`budget.fit_to_budget` has run.
+    """
+
+    def __init__(self, model: Operator, loss: Loss, optimizer: Optimizer, backend: Backend,
+                 options: TrainerOptions, compressor: GradientCompressor | None) -> None:
+        self.model, self.loss, self.optimizer, self.backend = model, loss, optimizer, backend
+        self.options = options
+        self.compressor = compressor
+        self.batch_size = options.batch_size
+        self.accumulation = options.gradient_accumulation_steps
+        self.allocator_class = allocators.get(options.allocator_name)
+        self.flat: FlatParameters | None = None
+        self.pool: BufferPool | TracingPool | None = None
+        self.plan: Plan | None = None
+        self.planned_batch = 0
+        self.sample_shape: tuple[int, ...] | None = None
+        self.budget_checked = options.memory_budget_mb is None
+        self.reserve_per_sample = 0
+        self.memory_report: Any = None
+        self.offload: OffloadManager | None = None
+        self.streamed: StreamedUpdates | None = None  # once updates run inside backward
+
+    # ------------------------------------------------------------------ placing and packing
+    def ready(self) -> FlatParameters:
+        """Place the model on the backend, pack its parameters and bind the optimizer (once); the flat buffers."""
+        if self.options.lora_fusion and self.flat is None:
+            mark_only_lora_as_trainable(self.model)  # base weights read-only: no gradient, no optimizer state
+        params = self.model.trainable_parameters()
+        if self.flat is not None and self.flat.owns(params):
+            return self.flat
+        if not self.model.is_on(self.backend):
+            self.model.to(self.backend)
+            params = self.model.trainable_parameters()
+        flat = self.flat = FlatParameters(params, self.backend.xp)
+        self.streamed = None  # packed anew, every gradient kept: a first step finds the streamed ones again
+        self.optimizer.bind(flat, self.backend)
+        if self.compressor is not None:
+            self.compressor.bind(flat, [n for n, p in self.model.named_parameters() if p.requires_grad])
+        self.attach(None)
+        fuse(self.model)
+        first = input_layer(self.model)
+        if first is not None:
+            first.needs_input_grad = False  # the model's input needs no gradient
+        if self.options.enable_async_unload:
+            cold = [t for _, t in self.model.named_buffers()]
+            cold += [p for p in self.model.parameters() if not p.requires_grad]
+            capacity = budget.arena_capacity(self, 0)
+            low_water = capacity // 4 if capacity else 64 * 2**20  # a quarter of the pool, or 64 MiB
+            self.offload = OffloadManager(self.backend, cold, low_water)
+        return flat
+
+    def use_model(self, model: Operator) -> None:
+        """Train and infer with ``model`` from now on: packed, planned and placed anew when next used."""
+        self.attach(None)
+        self.model, self.flat, self.plan, self.streamed = model, None, None, None
+        self.attach(None)
+
+    def place_for_inference(self) -> None:
+        """Put the model on the backend; nothing is packed or bound (a frozen model is fine)."""
+        if not self.model.is_on(self.backend):
+            self.model.to(self.backend)
+            self.flat = None  # parameters were rebound; pack again before the next training step
+        if self.offload is not None:
+            self.offload.ensure_loaded()
+
+    # ------------------------------------------------------------------ the pool
+    def attach(self, pool: BufferPool | TracingPool | None) -> None:
+        """Give the model and the loss ``pool`` (None: trace the next step anew)."""
+        self.pool = pool
+        if pool is not None:
+            pool.gradient_sink = self.streamed
+        self.model.attach_pool(pool)
+        self.loss.attach_pool(pool)
+
+    @contextlib.contextmanager
+    def lend(self) -> Iterator[None]:
+        """Run the model on the session's buffers for one call, and take them back after it.
+
+        Between trainer calls the model has no pool, so ``model.forward(x)``
+        returns an array of its own, as users expect; inside a call, outputs
+        are the planned buffers the next step reuses.
+        """
+        if self.pool is not None:
+            self.model.attach_pool(self.pool)
+        try:
+            yield
+        finally:
+            self.model.attach_pool(None)
+
+    # ------------------------------------------------------------------ one step's memory
+    def prepare_step(self, flat: FlatParameters, sample_shape: tuple[int, ...], largest: int) -> None:
+        """Before a step of micro-batches up to ``largest`` samples, once :meth:`ready` gave ``flat``: fitted to
+        the budget, planned for them, loaded, and the gradients zeroed."""
+        if not self.budget_checked:
+            budget.fit_to_budget(self, sample_shape)
+        if self.pool is not None and largest > self.planned_batch:
+            self.attach(None)  # a larger batch than planned: trace and plan again
+        if self.offload is not None:
+            self.offload.ensure_loaded()
+        pool = self.pool
+        whole = pool.whole_gradients if pool is not None and pool.grads_zeroed and self.streamed is None else ()
+        flat.zero_grad(whole)
+
+    def start_trace(self, sample_shape: tuple[int, ...]) -> TracingPool | None:
+        """A tracing pool for this micro-batch when no plan exists yet (the first step, or a larger batch)."""
+        if self.pool is not None:
+            return None
+        tracer = TracingPool(self.backend.xp)
+        tracer.grads_zeroed = self.grads_zeroed()
+        self.sample_shape = sample_shape
+        self.attach(tracer)
+        return tracer
+
+    def finish_trace(self, tracer: TracingPool, batch: int) -> None:
+        """Turn the traced first step into a plan, reserve the arena and attach the planned pool."""
+        slots = tracer.finish()
+        tracer.forget([*self.model.modules(), self.loss])
+        allocator = self.allocator_class(self.backend.xp)
+        if tracer.reused_key is not None or not isinstance(allocator, ArenaAllocator):
+            self.plan = None
+            pool = BufferPool(allocator)
+        else:
+            plan = place(slots)
+            capacity = budget.arena_capacity(self, plan.arena_bytes)
+            if capacity is not None and plan.arena_bytes > capacity:
+                raise OutOfMemoryError(
+                    f"a training step at batch {batch} needs an arena of {plan.arena_bytes} bytes; "
+                    f"the pool holds {capacity} bytes. {budget.advice(self, capacity)}"
+                )
+            allocator.reserve(capacity if capacity is not None else plan.arena_bytes, plan.arena_bytes)
+            self.plan = plan
+            pool = BufferPool(allocator, plan, strict=capacity is not None)
+        pool.grads_zeroed = tracer.grads_zeroed and tracer.reused_key is None
+        if pool.grads_zeroed:
+            pool.whole_gradients = set(tracer.whole_gradients)
+        self.backend.use_allocator(allocator)
+        self.planned_batch = batch
+        self.attach(pool)
+
+    def grads_zeroed(self) -> bool:
+        """Whether each backward starts from zero gradients: one micro-batch per step, no layer used twice."""
+        modules = list(self.model.modules())
+        return self.accumulation == 1 and len(modules) == len({id(m) for m in modules})
+
+    def start_streaming(self) -> None:
+        """After the first step: keep no gradient for the parameters whose ops write their gradient whole, apply
+        their updates as backward produces those gradients, and trace the next step again, so that the plan holds
+        each of them for the moment it lives."""
+        pool, flat = self.pool, self.flat
+        if pool is None or flat is None or not pool.grads_zeroed:
+            raise ConfigError("update_in_backward needs each gradient written once per step: one micro-batch, "
+                              "and no layer used twice in the model")
+        streamed = {id(p): view for p, view in zip(flat.params, flat.slices) if id(p) in pool.whole_gradients}
+        flat.drop_gradients(streamed)
+        self.streamed = StreamedUpdates(self.optimizer, flat, streamed)
+        self.attach(None)
+
+    def check_streaming(self, clip_grad_norm: float | None) -> None:
+        """Refuse ``update_in_backward`` with what needs every gradient of a step at once, or off the cpu."""
+        options = self.options
+        conflicts = [name for name, on in (
+            ("clip_grad_norm", clip_grad_norm is not None),
+            ("gradient_compression", self.compressor is not None),
+            ("gradient_accumulation_steps > 1", options.gradient_accumulation_steps > 1),
+            ("enable_async_unload", options.enable_async_unload),
+        ) if on]
+        if conflicts:
+            raise ConfigError(f"update_in_backward applies each update before the step's other gradients exist; "
+                              f"it cannot be combined with {', '.join(conflicts)}")
+        if self.backend.xp is not np:
+            raise ConfigError(f"update_in_backward runs on the cpu backend only; this trainer is on {self.backend.name!r}")

@@ -1,0 +1,112 @@
+"""One optimisation step: forward, loss and backward of each micro-batch on the session's buffers, then the update."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from neuroflow.errors import NonFiniteLossError
+from neuroflow.losses.cross_entropy import CrossEntropy
+from neuroflow.optim.clip import clip_grad_norm
+from neuroflow.trainer.session import MemorySession
+
+
+class OptimisationStep:
+    """Runs steps for a session and counts them; ``count`` is the number of steps taken (what checkpoints save).
+
+    ``on_step_end(step, loss)`` is called after each step (the trainer
+    passes its plugins' ``neuroflow_step_end`` hook through it).
+    """
+
+    def __init__(self, session: MemorySession, scheduler: Any, clip: float | None, update_in_backward: bool,
+                 on_step_end: Callable[[int, float], None]) -> None:
+        self.session = session
+        self.scheduler = scheduler
+        self.clip = clip
+        self.update_in_backward = update_in_backward
+        self.on_step_end = on_step_end
+        self.classification = isinstance(session.loss, CrossEntropy)
+        self.count = 0
+        self.last_grad_norm: float | None = None
+
+    def split(self, x: Any, y: Any) -> list[tuple[Any, Any]]:
+        """Host arrays ``x``, ``y`` as the micro-batches of one step (their gradients add up to the batch's)."""
+        k = min(self.session.accumulation, len(x))
+        return [(x, y)] if k == 1 else list(zip(np.array_split(x, k), np.array_split(y, k)))
+
+    def run(self, micro_batches: list[tuple[Any, Any]]) -> tuple[float, int]:
+        """One step over ``micro_batches``; the mean loss and, for classification, the correct predictions."""
+        session = self.session
+        with session.lend():
+            return self._run(session, micro_batches)
+
+    def _run(self, session: MemorySession, micro_batches: list[tuple[Any, Any]]) -> tuple[float, int]:
+        model, loss_fn, backend = session.model, session.loss, session.backend
+        flat = session.ready()
+        if not model.training:
+            model.train()
+        total = sum(len(x) for x, _ in micro_batches)
+        largest = max(len(x) for x, _ in micro_batches)
+        session.prepare_step(flat, tuple(micro_batches[0][0].shape[1:]), largest)
+        streamed = session.streamed
+        lr = self.scheduler.lr(self.count) if self.scheduler is not None else None
+        loss_sum = 0.0
+        correct = 0
+        for x, y in sorted(micro_batches, key=lambda b: -len(b[0])):
+            tracer = session.start_trace(tuple(x.shape[1:]))
+            xd, yd = backend.from_host(x), backend.from_host(y)
+            out = model.forward(xd)
+            # the logits are small ((batch, classes)): counted on the host, their copy started before the loss
+            # so that the loss's read back is the only wait
+            logits = backend.start_to_host(out) if self.classification else None
+            value = loss_fn.forward(out, yd)
+            if not math.isfinite(value):
+                raise NonFiniteLossError(self.count + 1, value, self.first_nonfinite_layer(xd))
+            if logits is not None:
+                correct += int((logits().argmax(axis=1) == y).sum())
+            if streamed is not None:  # one micro-batch: the step is counted once its loss is known to be finite
+                streamed.begin(lr)
+            g = loss_fn.backward(scale=len(x) / total)
+            gx = model.backward(g)
+            if tracer is not None:
+                tracer.handoff(g, gx, model)
+                tracer.release(gx)
+                tracer.done(loss_fn)
+                session.finish_trace(tracer, len(x))
+                # The traced arrays are views of one reservation: any one left alive keeps all its pages resident
+                # through the optimizer step, whose first call allocates the optimizer's state.
+                xd = yd = out = g = gx = logits = None
+            loss_sum += value * len(x)
+        if streamed is not None:
+            streamed.update_kept()
+        else:
+            if session.compressor is not None:
+                session.compressor.compress(flat.grad)  # the optimizer (and clipping) see only what is sent
+            if self.clip is not None:
+                self.last_grad_norm = clip_grad_norm(flat.grad, self.clip)
+            session.optimizer.step(lr)
+            if self.update_in_backward:
+                session.start_streaming()
+        if session.offload is not None:
+            session.offload.after_step()
+        self.count += 1
+        mean_loss = loss_sum / total
+        self.on_step_end(self.count, mean_loss)
+        return mean_loss, correct
+
+    def first_nonfinite_layer(self, x: Any) -> str | None:
+        """Re-run the forward layer by layer to name the first layer whose output is not finite."""
+        model = self.session.model
+        xp = self.session.backend.xp
+        layers = getattr(model, "layers", None)
+        if not layers:
+            return None
+        h = x
+        for i, layer in enumerate(layers):
+            h = layer.forward(h)
+            if not bool(xp.isfinite(h).all()):
+                return f"{i} ({layer!r})"
+        return None

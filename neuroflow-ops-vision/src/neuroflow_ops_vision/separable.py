@@ -1,0 +1,129 @@
+"""Depthwise and depthwise-separable convolutions: DepthwiseConv2d and SeparableConv2d, built on Conv2d.
+
+A depthwise convolution convolves each input channel with its own filters
+(a loop over taps, ``conv_depthwise``); a separable one follows it with a 1×1
+pointwise convolution, for about k² times fewer multiply-adds than a dense
+k×k Conv2d.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from neuroflow.operator import MemoryDeclaration
+from neuroflow_ops_vision.conv import Conv2d, check_positive
+from neuroflow_ops_vision.layout import (
+    ChannelsLastOperator,
+    check_declared_shape,
+    check_feature_map,
+    check_layout,
+    from_nhwc_shape,
+    nhwc_shape,
+)
+from neuroflow_ops_vision.workspace import Workspace
+
+
+class DepthwiseConv2d(Conv2d):
+    """Depthwise convolution: each input channel convolved with its own ``depth_multiplier`` filters.
+
+    The same parameters as PyTorch's ``Conv2d(C, C·m, k, groups=C)``:
+    ``weight`` (C·m, 1, kh, kw), ``bias`` (C·m).
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] = 0,
+        dilation: int | tuple[int, int] = 1,
+        bias: bool = True,
+        depth_multiplier: int = 1,
+        layout: str = "NCHW",
+        dtype: Any = np.float32,
+    ) -> None:
+        check_positive("DepthwiseConv2d", channels=channels, depth_multiplier=depth_multiplier)
+        super().__init__(channels, channels * depth_multiplier, kernel_size, stride, padding, dilation,
+                         groups=channels, bias=bias, layout=layout, dtype=dtype)
+        self._depthwise = True  # also with one channel
+        self.depth_multiplier = int(depth_multiplier)
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "channels": self.in_channels, "kernel_size": list(self.kernel_size), "stride": list(self.stride),
+            "padding": list(self.padding), "dilation": list(self.dilation), "bias": self.has_bias,
+            "depth_multiplier": self.depth_multiplier, "layout": self.layout,
+        }
+
+    def __repr__(self) -> str:
+        mult = f"→{self.out_channels}" if self.depth_multiplier != 1 else ""
+        return f"DepthwiseConv2d({self.in_channels}{mult}, {self.options_text()})"
+
+
+class SeparableConv2d(ChannelsLastOperator):
+    """Depthwise-separable convolution: a k×k depthwise conv, then a 1×1 pointwise conv.
+
+    Children ``depthwise`` (no bias) and ``pointwise`` (with ``bias``) run in
+    NHWC; about k² times fewer multiply-adds than a dense k×k Conv2d.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] = 0,
+        dilation: int | tuple[int, int] = 1,
+        bias: bool = True,
+        depth_multiplier: int = 1,
+        layout: str = "NCHW",
+        dtype: Any = np.float32,
+    ) -> None:
+        super().__init__()
+        self.layout = check_layout(layout, "SeparableConv2d")
+        self.depthwise = DepthwiseConv2d(in_channels, kernel_size, stride, padding, dilation, bias=False,
+                                         depth_multiplier=depth_multiplier, layout="NHWC", dtype=dtype)
+        self.pointwise = Conv2d(in_channels * depth_multiplier, out_channels, 1, bias=bias, layout="NHWC", dtype=dtype)
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+
+    @property
+    def needs_input_grad(self) -> bool:
+        return self.depthwise.needs_input_grad
+
+    @needs_input_grad.setter
+    def needs_input_grad(self, value: bool) -> None:
+        self.depthwise.needs_input_grad = bool(value)
+
+    def forward(self, x: Any) -> Any:
+        check_feature_map(self, x, self.in_channels, self.layout)
+        y = self.pointwise.forward(self.depthwise.forward(self._to_nhwc(x, self.layout, "x_nhwc")))
+        return self._from_nhwc(y, self.layout, "y")
+
+    def backward(self, grad_out: Any) -> Any:
+        with Workspace(self, "backward") as ws:
+            gx = self.depthwise.backward(self.pointwise.backward(self._to_nhwc(grad_out, self.layout, "g_nhwc", ws)))
+            return None if gx is None else self._from_nhwc(gx, self.layout, "gx")
+
+    def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
+        shape = tuple(input_shape)
+        check_declared_shape(self, shape, self.in_channels, self.layout)
+        nhwc = nhwc_shape(shape, self.layout)
+        out = self.pointwise.output_shape(self.depthwise.output_shape(nhwc))
+        return MemoryDeclaration(from_nhwc_shape(out, self.layout))
+
+    def get_config(self) -> dict[str, Any]:
+        d = self.depthwise
+        return {
+            "in_channels": self.in_channels, "out_channels": self.out_channels, "kernel_size": list(d.kernel_size),
+            "stride": list(d.stride), "padding": list(d.padding), "dilation": list(d.dilation),
+            "bias": self.pointwise.has_bias, "depth_multiplier": d.depth_multiplier, "layout": self.layout,
+        }
+
+    def __repr__(self) -> str:
+        bias = self.pointwise.has_bias
+        options = self.depthwise.options_text().replace(", bias=False", "").replace(", NHWC", "")
+        return (f"SeparableConv2d({self.in_channels}→{self.out_channels}, {options}"
+                f"{'' if bias else ', bias=False'}{', NHWC' if self.layout == 'NHWC' else ''})")
