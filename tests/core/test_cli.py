@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import neuroflow
+import neuroflow.cli.train
 from neuroflow import ops, registry
 from neuroflow.cli import main
 from neuroflow.hookspecs import hookimpl
@@ -145,17 +146,9 @@ def test_train_batch_size_override_and_unknown_device(workdir, capsys):
     assert "unknown backend 'cdua'; available: cpu" in capsys.readouterr().err
 
 
-def test_output_save_without_checkpoint_support_fails_before_training(workdir, capsys, monkeypatch):
-    monkeypatch.delitem(vars(neuroflow), "save", raising=False)
-    monkeypatch.setitem(sys.modules, "neuroflow.checkpoint", None)  # import fails as if the module were absent
-    assert main(["train", config(workdir, DATA + "[output]\nsave = 'model.safetensors'\n")]) == 2
-    out, err = capsys.readouterr()
-    assert "[output] save needs neuroflow.save" in err and "epoch" not in err + out
-
-
 def test_output_save_calls_neuroflow_save_with_the_resolved_path(workdir, monkeypatch):
     saved = {}
-    monkeypatch.setitem(vars(neuroflow), "save", lambda model, path, **kw: saved.update(model=model, path=path, **kw))
+    monkeypatch.setattr(neuroflow.cli.train, "save", lambda model, path, **kw: saved.update(model=model, path=path, **kw))
     assert main(["train", config(workdir, DATA + "[output]\nsave = 'out/m.safetensors'\nquantize = 'int8'\n")]) == 0
     assert saved["path"] == workdir / "out" / "m.safetensors" and saved["quantize"] == "int8"
     assert isinstance(saved["model"], neuroflow.Sequential)

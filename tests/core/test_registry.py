@@ -132,7 +132,7 @@ def test_hooks_are_called_by_the_trainer_lifecycle(fake_entry_points):
 def test_import_is_lazy():
     code = "import sys, neuroflow; print(sorted(m for m in sys.modules if m.startswith(('neuroflow', 'numpy', 'pluggy'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['neuroflow']"
+    assert out.strip() == "['neuroflow', 'neuroflow.version']"
 
 
 # ---------------------------------------------------------------- the one table of providers

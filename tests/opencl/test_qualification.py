@@ -23,6 +23,11 @@ def test_every_opencl_driver_qualifies(index: int) -> None:
     from neuroflow.backends import qualification
 
     verdict = qualification.verdict("opencl", index)
+    if not verdict.ok and verdict.stage == "open device":
+        # Nothing of NeuroFlow's ran: the driver could not open the device or compile for this CPU (PoCL 3.0's
+        # LLVM 14 calls a Zen 5 'generic', a target it then rejects). The device is refused with this reason,
+        # and the machine's other drivers are tested; a failure in our kernels or training still fails here.
+        pytest.skip(f"{verdict.device}: {verdict.explain()}")
     assert verdict.ok, f"{verdict.device}: {verdict.explain()}"
     assert verdict.stage == "train mlp adam"  # the child ran the kernel set and both training checks
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from neuroflow.checkpoint import load
 from neuroflow.cli.arguments import sample_shape_arg
 from neuroflow.errors import ConfigError
+from neuroflow.export import DEFAULT_OPSET, to_onnx
 from neuroflow.operator import Operator
 
 HELP = "export a model file to ONNX (needs the onnx package: pip install 'neuroflow-core[onnx]')"
@@ -24,10 +26,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-shape", type=sample_shape_arg, metavar="C,H,W",
                         help="the shape of one sample, without the batch (1,28,28 for an MNIST CNN; default: "
                              "the first Linear's in_features)")
-    # The default is looked up when the command runs, with the exporter (see run).
-    parser.add_argument("--opset", type=int, default=None,
-                        help="ONNX opset of the default domain, 13 or later (default: neuroflow.export.DEFAULT_OPSET, "
-                             "17; from 20 GELU is one Gelu node)")
+    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET,
+                        help=f"ONNX opset of the default domain, 13 or later (default: {DEFAULT_OPSET}; from 20 GELU "
+                             "is one Gelu node)")
 
 
 def sample_shape(model: Operator, given: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -45,12 +46,7 @@ def sample_shape(model: Operator, given: tuple[int, ...] | None) -> tuple[int, .
 
 
 def run(args: argparse.Namespace) -> int:
-    # lazy: the model-file reader and the exporter cost every command line ~0.1 s (main imports every command)
-    from neuroflow.checkpoint import load
-    from neuroflow.export import DEFAULT_OPSET, to_onnx  # lazy: as above
-
     model = load(args.model, device="cpu")
-    opset = DEFAULT_OPSET if args.opset is None else args.opset
-    report = to_onnx(model, args.onnx, (1, *sample_shape(model, args.input_shape)), opset=opset)
+    report = to_onnx(model, args.onnx, (1, *sample_shape(model, args.input_shape)), opset=args.opset)
     print(report)
     return 0
