@@ -3,11 +3,16 @@
 One step is forward, cross-entropy loss read back as a float, backward and an SGD update (lr 0.01,
 momentum 0.9) on a fixed random float32 batch. NeuroFlow runs through ``nf.Trainer.train_step`` as a
 user calls it; PyTorch is CPU eager (``zero_grad``, forward, ``F.cross_entropy``, ``backward``,
-``step``, ``item``). Both start from the same weights (NeuroFlow's, copied by parameter name) and must
-report the same first losses. Each contender runs alone in a fresh worker process whose BLAS/OpenMP
-thread counts are set before numpy or torch load; the parent times blocks of steps interleaved round by
-round and reports medians, the NeuroFlow/PyTorch ratio, and each worker's peak RSS rise over its setup,
-through the first step and the untimed ones after it (whichever is higher).
+``step``, ``item``). Every contender starts from the same weights (the main NeuroFlow model's, copied by
+parameter name) and must report the same first loss.
+
+The main contender, ``NeuroFlow``, is the model as a user writes it; variants (``--variants``) are more
+NeuroFlow contenders (layout hints, other Trainer options). Main view: for each thread count, one fresh
+process holds every contender, its thread variables set before numpy and torch load (then
+``torch.set_num_threads`` and threadpoolctl when installed), and times their blocks of steps interleaved;
+medians and ratios to PyTorch. Second view (``--separate-processes``): each contender alone in its own
+worker process, interleaved round by round from the parent, with each worker's peak RSS rise over its
+setup, through the first step and the untimed ones after it (whichever is higher).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import argparse
 import functools
 import importlib.util
 import json
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +32,16 @@ import numpy as np
 import harness
 
 LR, MOMENTUM = 0.01, 0.9
+MAIN, TORCH = "NeuroFlow", "PyTorch"
+
+
+@dataclass
+class Variant:
+    """A further NeuroFlow contender: its name in the tables, its model, its extra Trainer arguments."""
+
+    name: str
+    build: Callable[[], Any]  # -> NeuroFlow model with the main model's weights (called after nf.manual_seed(0))
+    trainer_options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -35,10 +52,12 @@ class Case:
     batch: int
     sample_shape: tuple[int, ...]
     classes: int
-    build_neuroflow: Callable[[], Any]                 # -> NeuroFlow model (seeded)
-    build_torch: Callable[[dict[str, np.ndarray]], Any]  # NeuroFlow state dict -> torch.nn.Module
-    variants: dict[str, Callable[[], Any]] = field(default_factory=dict)  # more NeuroFlow contenders
-    variant_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # their extra Trainer arguments
+    build_neuroflow: Callable[[], Any]                 # -> the model as a user writes it (seeded)
+    build_torch: Callable[[dict[str, np.ndarray]], Any]  # its state dict -> torch.nn.Module
+    variants: dict[str, Variant] = field(default_factory=dict)  # --variants key -> a further NeuroFlow contender
+    default_variants: tuple[str, ...] = ()
+    threads: str = "2"             # default --threads
+    timing: tuple[int, int, int] = (15, 5, 5)  # default --repeats, --steps, --warmup
 
 
 def batch_data(case: Case) -> tuple[np.ndarray, np.ndarray]:
@@ -47,13 +66,14 @@ def batch_data(case: Case) -> tuple[np.ndarray, np.ndarray]:
     return x, rng.integers(0, case.classes, case.batch)
 
 
-def neuroflow_stepper(case: Case, name: str) -> Callable[[], float]:
+def neuroflow_stepper(case: Case, variant: Variant | None) -> Callable[[], float]:
     import neuroflow as nf
 
     nf.manual_seed(0)
-    model = case.variants[name]() if name in case.variants else case.build_neuroflow()
+    model = case.build_neuroflow() if variant is None else variant.build()
+    options = {} if variant is None else variant.trainer_options
     trainer = nf.Trainer(model, nf.losses.CrossEntropy(), nf.optim.SGD(lr=LR, momentum=MOMENTUM),
-                         batch_size=case.batch, progress=False, seed=0, **case.variant_options.get(name, {}))
+                         batch_size=case.batch, progress=False, seed=0, **options)
     x, y = batch_data(case)
     return lambda: trainer.train_step(x, y)
 
@@ -81,25 +101,19 @@ def torch_stepper(case: Case) -> Callable[[], float]:
     return step
 
 
-def contenders(case: Case) -> list[str]:
-    names = ["NeuroFlow", *case.variants]
-    return names + ["PyTorch"] if importlib.util.find_spec("torch") is not None else names
+def contenders(case: Case, variant_keys: list[str]) -> list[str]:
+    """Names of the contenders, in the order they run: the main NeuroFlow model, the variants, PyTorch if installed."""
+    names = [MAIN, *(case.variants[k].name for k in variant_keys)]
+    return names + [TORCH] if importlib.util.find_spec("torch") is not None else names
 
 
-# ---------------------------------------------------------------------------------------------- worker
-def worker(case: Case, args: argparse.Namespace) -> None:
-    """One contender alone in this process: RSS through its first steps, then timed blocks on request."""
-    name, threads = args.contender, args.threads_child
-    info: dict[str, Any] = {"contender": name, "threads": threads, "numpy": np.__version__}
-    if name == "PyTorch":
-        import torch
-
-        torch.set_num_threads(threads)
-        info["torch"], info["torch_threads"] = str(torch.__version__), torch.get_num_threads()
-        step = torch_stepper(case)
-    else:
-        step = neuroflow_stepper(case, name)
-    harness.start_worker(step, args.warmup, info)
+def stepper(case: Case, name: str) -> Callable[[], float]:
+    if name == TORCH:
+        return torch_stepper(case)
+    variant = next((v for v in case.variants.values() if v.name == name), None)
+    if name != MAIN and variant is None:
+        raise ValueError(f"no contender {name!r}; expected {MAIN}, {TORCH} or one of {[v.name for v in case.variants.values()]}")
+    return neuroflow_stepper(case, variant)
 
 
 def check_agreement(losses: dict[str, list[float]]) -> None:
@@ -111,17 +125,43 @@ def check_agreement(losses: dict[str, list[float]]) -> None:
                                "the contenders do not compute the same step")
 
 
-def measure(case: Case, script: str, threads: int, args: argparse.Namespace) -> dict[str, Any]:
+# ---------------------------------------------------------------------------------------------- one process
+def one_process_child(case: Case, args: argparse.Namespace) -> None:
+    """Every contender in this process (started with the thread variables set), timed interleaved; one JSON line."""
+    steppers = {name: stepper(case, name) for name in args.contender_names}
+    threads = harness.limit_threads(args.one_process_child)
+    pause = harness.pause_for(args.one_process_child, args.pause)
+    result = harness.run_interleaved(steppers, args.repeats, args.steps, args.warmup, pause, check_agreement)
+    torch = sys.modules.get("torch")
+    print(json.dumps({**result, "thread_report": threads, "numpy": np.__version__,
+                      "torch": str(torch.__version__) if torch is not None else None}), flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- separate processes
+def worker(case: Case, args: argparse.Namespace) -> None:
+    """One contender alone in this process: RSS through its first steps, then timed blocks on request."""
+    name, threads = args.contender, args.threads_child
+    info: dict[str, Any] = {"contender": name, "threads": threads, "numpy": np.__version__}
+    if name == TORCH:
+        import torch
+
+        torch.set_num_threads(threads)
+        info["torch"], info["torch_threads"] = str(torch.__version__), torch.get_num_threads()
+    harness.start_worker(stepper(case, name), args.warmup, info)
+
+
+def measure_separately(case: Case, script: str, threads: int, args: argparse.Namespace) -> dict[str, Any]:
     workers: dict[str, harness.Worker] = {}
     try:
-        for name in contenders(case):
+        for name in args.contender_names:
             workers[name] = harness.Worker(
                 [script, "--child", "--contender", name, "--threads-child", str(threads), "--warmup", str(args.warmup)],
                 env=harness.thread_env(threads),
             )
         check_agreement({name: w.info["first_losses"] for name, w in workers.items()})
         samples = harness.interleave(
-            {name: functools.partial(w.run, args.steps) for name, w in workers.items()}, args.rounds, args.pause
+            {name: functools.partial(w.run, args.steps) for name, w in workers.items()}, args.repeats,
+            harness.pause_for(threads, args.pause),
         )
     finally:
         for w in workers.values():
@@ -129,72 +169,116 @@ def measure(case: Case, script: str, threads: int, args: argparse.Namespace) -> 
     return {"threads": threads, "samples_s": samples, "workers": {name: w.info for name, w in workers.items()}}
 
 
-def table(results: list[dict[str, Any]], names: list[str]) -> str:
-    has_torch = "PyTorch" in names
+def separate_table(results: list[dict[str, Any]], names: list[str]) -> str:
+    has_torch = TORCH in names
     headers = ["threads", *(f"{n} ms" for n in names)]
-    headers += [f"{n}/PyTorch" for n in names if n != "PyTorch"] if has_torch else []
+    headers += [f"{n}/PyTorch" for n in names if n != TORCH] if has_torch else []
     headers += ["spread", *(f"{n} RSS rise MB" for n in names)]
-    headers += [f"{n} RSS/PyTorch" for n in names if n != "PyTorch"] if has_torch else []
+    headers += [f"{n} RSS/PyTorch" for n in names if n != TORCH] if has_torch else []
     rows = []
     for result in results:
         stats = {n: harness.summarise(result["samples_s"][n]) for n in names}
         rise = {n: result["workers"][n]["peak_rise_kb"] for n in names}
         row: list[object] = [result["threads"], *(f"{stats[n]['median'] * 1e3:.1f}" for n in names)]
         if has_torch:
-            row += [f"{harness.paired_ratio(result['samples_s'][n], result['samples_s']['PyTorch']):.2f}×"
-                    for n in names if n != "PyTorch"]
+            row += [f"{harness.paired_ratio(result['samples_s'][n], result['samples_s'][TORCH]):.2f}×"
+                    for n in names if n != TORCH]
         row.append(f"{max(s['spread'] for s in stats.values()) * 100:.1f}%")
         row += ["—" if rise[n] is None else f"{rise[n] / 1024:.1f}" for n in names]
         if has_torch:
-            row += [f"{rise[n] / rise['PyTorch']:.2f}×" if rise[n] and rise["PyTorch"] else "—"
-                    for n in names if n != "PyTorch"]
+            row += [f"{rise[n] / rise[TORCH]:.2f}×" if rise[n] and rise[TORCH] else "—"
+                    for n in names if n != TORCH]
         rows.append(row)
     return harness.markdown_table(headers, rows)
 
 
-def parse_args(argv: list[str] | None, description: str, threads: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--quick", action="store_true", help="few rounds and steps: a smoke test, not a measurement")
-    parser.add_argument("--json", metavar="FILE", help="write settings, every sample and the table to FILE")
-    parser.add_argument("--threads", default=threads, help=f"comma-separated thread counts (default {threads})")
-    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 15; 3 with --quick)")
-    parser.add_argument("--steps", type=int, help="steps per timed block (default 5; 1 with --quick)")
-    parser.add_argument("--warmup", type=int, help="untimed steps per contender first (default 5; 1 with --quick)")
-    parser.add_argument("--pause", type=float, default=0.05, help="seconds idle before each block (default 0.05)")
+# ---------------------------------------------------------------------------------------------- parent
+def parse_args(case: Case, argv: list[str] | None) -> argparse.Namespace:
+    repeats, steps, warmup = case.timing
+    keys = ", ".join(f"{k} ({v.name})" for k, v in case.variants.items()) or "none"
+    parser = argparse.ArgumentParser(description=case.title)
+    parser.add_argument("--quick", action="store_true", help="few repeats and steps: a smoke test, not a measurement")
+    parser.add_argument("--json", metavar="FILE", help="write settings, every sample and the tables to FILE")
+    parser.add_argument("--threads", default=case.threads, help=f"comma-separated thread counts (default {case.threads})")
+    parser.add_argument("--repeats", "--rounds", dest="repeats", type=int,
+                        help=f"interleaved repetitions: one block per contender each (default {repeats}; 3 with --quick)")
+    parser.add_argument("--steps", type=int, help=f"steps per timed block (default {steps}; 1 with --quick)")
+    parser.add_argument("--warmup", type=int, help=f"untimed steps per contender first (default {warmup}; 1 with --quick)")
+    parser.add_argument("--pause", type=float,
+                        help="seconds idle before each block, so the previous contender's spinning BLAS/OpenMP threads "
+                             f"go to sleep (default {harness.SPIN_PAUSE_S} above one thread, 0 at one)")
+    parser.add_argument("--variants", default=",".join(case.default_variants),
+                        help=f"comma-separated further NeuroFlow contenders, or 'all': {keys} "
+                             f"(default {','.join(case.default_variants) or 'none'})")
+    parser.add_argument("--separate-processes", action="store_true",
+                        help="also time each contender alone in its own process (second view, with RSS)")
+    parser.add_argument("--one-process-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads-child", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--contender", help=argparse.SUPPRESS)
+    parser.add_argument("--names", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    defaults = (3, 1, 1) if args.quick else (15, 5, 5)
-    for name, default in zip(("rounds", "steps", "warmup"), defaults, strict=True):
+    defaults = (3, 1, 1) if args.quick else case.timing
+    for name, default in zip(("repeats", "steps", "warmup"), defaults, strict=True):
         if getattr(args, name) is None:
             setattr(args, name, default)
-    if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
-        parser.error("--rounds and --steps must be at least 1, --warmup at least 0")
+    if args.repeats < 1 or args.steps < 1 or args.warmup < 0:
+        parser.error("--repeats and --steps must be at least 1, --warmup at least 0")
+    chosen = list(case.variants) if args.variants == "all" else [k for k in args.variants.split(",") if k]
+    unknown = [k for k in chosen if k not in case.variants]
+    if unknown:
+        parser.error(f"unknown --variants {unknown}; expected 'all' or some of {list(case.variants)}")
+    args.contender_names = args.names.split("|") if args.names else contenders(case, chosen)
     return args
 
 
-def main(case: Case, script: str, argv: list[str] | None = None, threads: str = "2") -> int:
-    args = parse_args(argv, case.title, threads)
+def child_argv(args: argparse.Namespace) -> list[str]:
+    argv = ["--repeats", str(args.repeats), "--steps", str(args.steps), "--warmup", str(args.warmup),
+            "--names", "|".join(args.contender_names)]
+    return argv + ([] if args.pause is None else ["--pause", str(args.pause)])
+
+
+def main(case: Case, script: str, argv: list[str] | None = None) -> int:
+    args = parse_args(case, argv)
+    if args.one_process_child is not None:
+        one_process_child(case, args)
+        return 0
     if args.child:
         worker(case, args)
         return 0
-    names = contenders(case)
+    names, threads = args.contender_names, [int(t) for t in args.threads.split(",")]
+    references = {name: TORCH for name in names if name != TORCH}
     load_before = harness.machine_load()
-    results = [measure(case, script, int(t), args) for t in args.threads.split(",")]
-    print(f"{case.title}, batch {case.batch}, SGD lr {LR} momentum {MOMENTUM}, float32; one process per contender: "
-          f"median of {args.rounds} interleaved rounds × {args.steps} steps after {3 + args.warmup} untimed steps")
+    results = [harness.one_process_run(script, t, child_argv(args)) for t in threads]
+    separate = [measure_separately(case, script, t, args) for t in threads] if args.separate_processes else []
+    report: dict[str, Any] = {
+        "case": case.title, "batch": case.batch, "contenders": names,
+        "settings": {"repeats": args.repeats, "steps": args.steps, "warmup": args.warmup},
+        "source": harness.source_version(os.path.dirname(os.path.abspath(script))),
+        "load_average_before": load_before, "load_average_after": harness.machine_load(),
+        "results": results, "table": harness.ratio_table(results, references),
+    }
+    print(f"{case.title}, batch {case.batch}, SGD lr {LR} momentum {MOMENTUM}, float32. Every contender in one process "
+          f"per thread count, interleaved: median of {args.repeats} repeats × {args.steps} steps after "
+          f"{3 + args.warmup} untimed steps")
     for result in results:
-        parts = [f"{n}: OpenBLAS {w['openblas_threads']}" + (f", torch {w['torch_threads']}" if "torch" in w else "")
-                 for n, w in result["workers"].items()]
-        print(f"  threads={result['threads']} as the libraries report them: " + "; ".join(parts))
-    print(f"  load average before {load_before}, after {harness.machine_load()}; ratio = median of per-round "
-          "ratios; spread = largest interquartile range / median; RSS rise = peak over RSS after setup, "
-          f"through the first {3 + args.warmup} steps\n")
-    report_table = table(results, names)
-    print(report_table)
+        print(f"  threads={result['threads']}, {result['pause_s']} s idle before each block: "
+              f"{harness.describe_threads(result['thread_report'])}")
+    print(f"  code {report['source']}, numpy {results[0]['numpy']}, torch {results[0]['torch']}; load average before "
+          f"{load_before}, after {report['load_average_after']}; ratio = ratio of medians; per-repeat ratio = median "
+          "of the ratios within a repeat; spread = interquartile range / median\n")
+    print(report["table"])
+    line = harness.summary(os.path.basename(script).removesuffix(".py"), results, references)
+    if separate:
+        report["separate_processes"] = separate
+        report["separate_table"] = separate_table(separate, names)
+        print("\nSecond view, each contender alone in its own process (thread variables set before the libraries "
+              "load): ratio = median of per-round ratios; RSS rise = peak over RSS after setup, through the first "
+              f"{3 + args.warmup} steps\n")
+        print(report["separate_table"])
+        line["separate_processes"] = harness.summary("", separate, references)["results"]
+    print("\n" + json.dumps(line), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"case": case.title, "batch": case.batch, "contenders": names, "results": results,
-                       "table": report_table}, f, indent=1)
+            json.dump(report, f, indent=1)
     return 0

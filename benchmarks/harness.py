@@ -2,12 +2,23 @@
 
 Shared by the scripts in ``benchmarks/``. It imports neither numpy nor torch, so a child process
 can be given its thread count before either library loads.
+
+Two ways to time contenders against each other:
+
+- **One process** (:func:`one_process_run`, :func:`run_interleaved`): every contender of a ratio in one
+  process, started per thread count with the thread variables set, their blocks of steps interleaved in
+  that process. This is what a user runs (one Python process with numpy and torch loaded), and it is the
+  main view of ``cnn.py``, ``resnet18.py`` and ``mlp.py``.
+- **One process per contender** (:class:`Worker`): each contender alone in its own process, timed on
+  request, so each process's RSS is that contender's alone. Their second view (``--separate-processes``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
+import importlib.util
 import json
 import os
 import resource
@@ -72,9 +83,8 @@ class Worker:
     """A contender in its own fresh process, timing blocks of steps on request.
 
     The child prints one JSON line when set up (read into :attr:`info`), then serves
-    :func:`serve_blocks`. Separate processes keep each contender's thread pools apart: numpy's
-    OpenBLAS workers and torch's OpenMP workers spin-wait after each call, and in one process on two
-    cores they starve each other (measured here: 40-100× slower steps at 2 threads).
+    :func:`serve_blocks`. Separate processes keep each contender's thread pools and memory apart, so
+    each process's RSS is one contender's: the second view of the speed benchmarks, and their RSS.
     """
 
     def __init__(self, argv: Sequence[str], env: dict[str, str] | None = None) -> None:
@@ -175,6 +185,139 @@ def summarise(samples: Sequence[float]) -> dict[str, float]:
 def paired_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> float:
     """Median over rounds of the per-round ratio: blocks of one round ran seconds apart, so load drift cancels."""
     return statistics.median(a / b for a, b in zip(numerator, denominator, strict=True))
+
+
+# ---------------------------------------------------------------------------------------------- one process
+_HELD_LIMITS: list[Any] = []  # threadpoolctl limits, kept for the life of the process
+# After a call, OpenBLAS's threads spin for about 2**28 cycles (measured: ~0.1 s of CPU) before they sleep, and
+# OpenMP's spin briefly too; a contender timed while the previous one's threads still spin loses a core to them.
+SPIN_PAUSE_S = 0.2
+
+
+def limit_threads(threads: int) -> dict[str, Any]:
+    """Hold every thread pool of this process at ``threads`` and return what each library says it uses.
+
+    How, in order: the process was started with every variable of :data:`THREAD_ENV_VARS` set to
+    ``threads`` (:func:`thread_env`; OpenBLAS, MKL and OpenMP read them when they load, so this raises if
+    they are not); ``torch.set_num_threads(threads)`` when torch is loaded; ``threadpoolctl``'s
+    ``threadpool_limits(threads)`` on top when it is installed (every BLAS and OpenMP runtime it finds).
+    Call it after the contenders are built (torch imported), before the first step.
+    """
+    wrong = {name: os.environ.get(name) for name in THREAD_ENV_VARS if os.environ.get(name) != str(threads)}
+    if wrong:
+        raise RuntimeError(f"expected every thread variable at {threads} from the start of the process, got {wrong}; "
+                           "start it with harness.thread_env(threads)")
+    how = [f"{'/'.join(THREAD_ENV_VARS)}={threads} set before numpy and torch load"]
+    report: dict[str, Any] = {}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+        how.append(f"torch.set_num_threads({threads})")
+        report["torch"] = torch.get_num_threads()
+    if importlib.util.find_spec("threadpoolctl") is not None:
+        import threadpoolctl  # lazy: optional, and only once the libraries it limits are loaded
+
+        _HELD_LIMITS.append(threadpoolctl.threadpool_limits(limits=threads))
+        how.append(f"threadpoolctl.threadpool_limits({threads})")
+        report["threadpoolctl"] = [{key: pool.get(key) for key in ("internal_api", "prefix", "num_threads")}
+                                   for pool in threadpoolctl.threadpool_info()]
+    else:
+        how.append("threadpoolctl not installed")
+    report["openblas"] = openblas_threads()
+    report["how"] = "; ".join(how)
+    return report
+
+
+def describe_threads(report: dict[str, Any]) -> str:
+    """One line: how the threads were set and what each library reports (from :func:`limit_threads`)."""
+    says = [f"OpenBLAS (numpy) {report['openblas']}"]
+    if "torch" in report:
+        says.append(f"torch {report['torch']}")
+    says += [f"{p['prefix']} ({p['internal_api']}) {p['num_threads']}" for p in report.get("threadpoolctl", [])]
+    return f"{report['how']}; the libraries report: " + ", ".join(says)
+
+
+def time_block(step: Callable[[], object], steps: int) -> float:
+    """Seconds per step over ``steps`` consecutive calls of ``step``."""
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - start) / steps
+
+
+def run_interleaved(steppers: dict[str, Callable[[], float]], repeats: int, steps: int, warmup: int, pause: float,
+                    check: Callable[[dict[str, list[float]]], None]) -> dict[str, Any]:
+    """Time every contender in this process: three steps each, whose losses ``check`` must accept (it raises when
+    the contenders do not compute the same step), ``warmup`` untimed steps each, then ``repeats`` repetitions of
+    one block of ``steps`` steps per contender in turn (:func:`interleave`).
+
+    Returns the first three losses of each and the seconds per step of every block.
+    """
+    first_losses = {name: [float(step()) for _ in range(3)] for name, step in steppers.items()}
+    check(first_losses)
+    for step in steppers.values():
+        for _ in range(warmup):
+            step()
+    gc.collect()
+    blocks = {name: functools.partial(time_block, step, steps) for name, step in steppers.items()}
+    return {"first_losses": first_losses, "pause_s": pause, "samples_s": interleave(blocks, repeats, pause)}
+
+
+def pause_for(threads: int, pause: float | None) -> float:
+    """The idle time before each block: ``pause`` if given, else :data:`SPIN_PAUSE_S` above one thread, 0 at one."""
+    if pause is not None:
+        return pause
+    return SPIN_PAUSE_S if threads > 1 else 0.0
+
+
+def one_process_run(script: str, threads: int, child_argv: Sequence[str]) -> dict[str, Any]:
+    """Run ``script --one-process-child THREADS child_argv...`` in a fresh process started with
+    :func:`thread_env` and return the JSON object it prints last, with ``threads`` added."""
+    return {"threads": threads,
+            **run_child([script, "--one-process-child", str(threads), *child_argv], env=thread_env(threads))}
+
+
+def ratio_table(results: Sequence[dict[str, Any]], references: dict[str, str], keys: Sequence[str] = ("threads",)) -> str:
+    """Contender, median ms per step, ratio of medians to its reference and median of per-repeat ratios.
+
+    ``references`` maps a contender to the one it is compared with (absent: no ratio); ``keys`` are the
+    result fields that lead each row (thread count, batch). *spread* is the contender's interquartile
+    range over its median.
+    """
+    headers = [*keys, "contender", "median ms", "ratio to PyTorch", "per-repeat ratio", "spread"]
+    rows = []
+    for result in results:
+        samples = result["samples_s"]
+        for name, values in samples.items():
+            stats = summarise(values)
+            reference = references.get(name)
+            row: list[object] = [*(result[k] for k in keys), name, f"{stats['median'] * 1e3:.3f}"]
+            if reference in samples and reference != name:
+                row += [f"{stats['median'] / statistics.median(samples[reference]):.2f}×",
+                        f"{paired_ratio(values, samples[reference]):.2f}×"]
+            else:
+                row += ["—", "—"]
+            rows.append([*row, f"{stats['spread'] * 100:.1f}%"])
+    return markdown_table(headers, rows)
+
+
+def summary(benchmark: str, results: Sequence[dict[str, Any]], references: dict[str, str],
+            keys: Sequence[str] = ("threads",)) -> dict[str, Any]:
+    """The results in short, for the JSON line: per contender the median ms, the ratio of medians to its
+    reference and the median of per-repeat ratios."""
+    out = []
+    for result in results:
+        samples = result["samples_s"]
+        medians = {name: statistics.median(values) for name, values in samples.items()}
+        compared = {name: ref for name, ref in references.items() if name in samples and ref in samples and ref != name}
+        out.append({
+            **{k: result[k] for k in keys},
+            "median_ms": {name: round(m * 1e3, 4) for name, m in medians.items()},
+            "ratio_to_pytorch": {name: round(medians[name] / medians[ref], 4) for name, ref in compared.items()},
+            "per_repeat_ratio": {name: round(paired_ratio(samples[name], samples[ref]), 4)
+                                 for name, ref in compared.items()},
+        })
+    return {"benchmark": benchmark, "results": out}
 
 
 # ---------------------------------------------------------------------------------------------- memory

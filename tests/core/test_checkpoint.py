@@ -360,6 +360,97 @@ def test_a_missing_plugin_op_names_the_known_distribution(tmp_path, monkeypatch,
         nf.load(tmp_path / "m.safetensors")
 
 
+def _file_naming(tmp_path, op_type: str, distribution) -> str:
+    """A model file whose second op is ``op_type``, recorded as coming from ``distribution``."""
+    from neuroflow.checkpoint.model_file import MODEL_FORMAT, model_payload, write_model_file
+
+    tensors, meta = model_payload(nf.Sequential(ops.Linear(4, 3), ops.Tanh()), MODEL_FORMAT, None)
+    topo = json.loads(meta["topology"])
+    topo["root"]["children"][1]["type"] = op_type
+    topo["ops"][op_type] = {"distribution": distribution, "version": "1.0"}
+    write_model_file(tmp_path / "m.safetensors", tensors, {**meta, "topology": json.dumps(topo)})
+    return str(tmp_path / "m.safetensors")
+
+
+@pytest.mark.parametrize(("distribution", "message"), [
+    ("neuroflow-ops-fancy", "unknown op 'FancyConv' (no installed distribution provides it); the file says it comes "
+                            "from the distribution 'neuroflow-ops-fancy', which NeuroFlow does not know: make sure"),
+    ("evil-package; curl x|sh", "the file names an invalid distribution 'evil-package; curl x|sh' for it, which "
+                                "cannot be installed"),
+    ("-rf", "the file names an invalid distribution '-rf'"),
+    ("pkg\x1b[2J", "the file names an invalid distribution 'pkg\\x1b[2J'"),
+    (["a list"], "the file names an invalid distribution ['a list']"),
+    (None, "unknown op 'FancyConv' (no installed distribution provides it)"),
+])
+def test_a_distribution_a_file_names_is_never_shown_as_an_install_command(tmp_path, distribution, message):
+    with pytest.raises(CheckpointError) as info:
+        nf.load(_file_naming(tmp_path, "FancyConv", distribution))
+    assert message in str(info.value)
+    assert "pip install" not in str(info.value) and str(info.value).isprintable()
+
+
+def test_a_known_provider_is_advised_whatever_the_file_says(tmp_path, monkeypatch):
+    monkeypatch.setitem(registry.KNOWN_PROVIDERS["neuroflow_ops"], "FancyConv", "neuroflow-ops-fancy")
+    with pytest.raises(CheckpointError, match="op 'FancyConv' needs the distribution neuroflow-ops-fancy: "
+                                              "pip install neuroflow-ops-fancy$"):
+        nf.load(_file_naming(tmp_path, "FancyConv", "evil-package; curl x|sh"))
+
+
+def test_op_types_that_are_no_op_name_are_refused_before_they_are_shown(tmp_path):
+    with pytest.raises(CheckpointError) as info:
+        nf.load(_file_naming(tmp_path, "Tanh\x1b]0;owned\x07", None))
+    assert "op model.1 has type 'Tanh\\x1b]0;owned\\x07', which is not an op name" in str(info.value)
+    assert str(info.value).isprintable()
+    registry.ops.register("Two words", Unregistered)
+    try:
+        with pytest.raises(CheckpointError, match="model.0 is registered as 'Two words', which a model file cannot name"):
+            nf.save(nf.Sequential(Unregistered()), tmp_path / "u.safetensors")
+    finally:
+        registry.ops.unregister("Two words")
+
+
+class Echoing(Operator):
+    """Refuses its config the way many constructors do: repeating the value it was given."""
+
+    def __init__(self, mode: str = "a") -> None:
+        super().__init__()
+        if mode != "a":
+            raise ValueError(f"unknown mode {mode}")
+        self.mode = mode
+
+    def forward(self, x):
+        return x
+
+    def get_config(self):
+        return {"mode": self.mode}
+
+
+def test_what_a_file_makes_a_constructor_say_reaches_the_message_escaped(tmp_path, monkeypatch):
+    from neuroflow.checkpoint.model_file import MODEL_FORMAT, model_payload, write_model_file
+
+    registry.ops.register("Echoing", Echoing)
+    try:
+        tensors, meta = model_payload(nf.Sequential(Echoing()), MODEL_FORMAT, None)
+        topo = json.loads(meta["topology"])
+        topo["root"]["children"][0]["config"]["mode"] = "\x1b[31mred\nline"
+        write_model_file(tmp_path / "m.safetensors", tensors, {**meta, "topology": json.dumps(topo)})
+        with pytest.raises(CheckpointError) as info:
+            nf.load(tmp_path / "m.safetensors")
+    finally:
+        registry.ops.unregister("Echoing")
+    assert "ValueError: unknown mode \\x1b[31mred\\nline" in str(info.value) and str(info.value).isprintable()
+
+
+def test_tensor_names_from_a_file_reach_the_message_escaped(tmp_path):
+    from safetensors.numpy import save_file
+
+    save_file({"0.weight": np.ones((3, 4), np.float32), "0.bias": np.ones(3, np.float32),
+               "x\x1b[2J": np.ones(1, np.float32)}, tmp_path / "evil.st")
+    with pytest.raises(CheckpointError) as info:
+        load_state_dict_file(nf.Sequential(ops.Linear(4, 3)), tmp_path / "evil.st")
+    assert "unexpected x\\x1b[2J" in str(info.value) and str(info.value).isprintable()
+
+
 def test_a_hostile_topology_is_refused_before_its_parameters_exist(tmp_path):
     from neuroflow.checkpoint.model_file import MODEL_FORMAT, model_payload, write_model_file
 
@@ -503,11 +594,11 @@ def test_a_loaded_model_trains(tmp_path):
 
 
 def test_the_guarded_generator_hands_out_placeholders_within_its_budget_only():
-    from neuroflow.checkpoint.allocation_guard import limit_random_draws
+    from neuroflow.checkpoint.allocation_guard import RebuildBudget, limit_allocations
 
     before = nf.random.generator()
-    with pytest.raises(CheckpointError, match=r"asks for 3000000 more initial values \(normal\)"):
-        with limit_random_draws(held=10, source="f") as guard:
+    with pytest.raises(CheckpointError, match=r"the topology asks for 24,000,000 bytes \(random draws from normal\)"):
+        with limit_allocations(RebuildBudget(held=10), source="f") as guard:
             assert nf.random.generator() is guard
             assert guard.uniform(-1, 1, (2, 3)).dtype == np.float64
             assert guard.standard_normal((4,), np.float32).dtype == np.float32

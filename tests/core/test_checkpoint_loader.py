@@ -1,4 +1,8 @@
 """The loader: files read whole or mapped, checksums by several threads, parameters viewing the file's bytes."""
+import os
+import socket
+import threading
+
 import numpy as np
 import pytest
 
@@ -166,3 +170,64 @@ def test_files_saved_with_either_crc32_load_with_the_other(tmp_path, monkeypatch
     (tmp_path / "m.safetensors").write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match="fails its checksum"):
         nf.load(tmp_path / "m.safetensors")  # zlib, the fallback, still catches a flipped bit
+
+
+# --------------------------------------------------------------------------- regular files only
+def _special_files(tmp_path) -> dict[str, tuple[object, str]]:
+    """Paths that are no regular file, and the kind each error names; the socket stays bound while used."""
+    fifo, sock = tmp_path / "fifo", tmp_path / "sock"
+    os.mkfifo(fifo)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock))
+    return {"fifo": (fifo, "a FIFO (named pipe)"), "directory": (tmp_path, "a directory"),
+            "device": (os.devnull, "a character device"), "socket": (sock, "a socket"), "server": (server, "")}
+
+
+def _without_hanging(call) -> BaseException | None:
+    """What ``call`` raised, run in a thread: a call that blocks fails the test instead of hanging the run."""
+    outcome: list[BaseException | None] = []
+
+    def run():
+        try:
+            call()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(60)
+    if worker.is_alive():
+        pytest.fail("the call blocked: it opened the FIFO and waits for a writer")
+    return outcome[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs and unix sockets: POSIX")
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device", "socket"])
+@pytest.mark.parametrize("reader", ["load", "load read", "header", "state_dict"])
+def test_only_regular_files_are_opened(tmp_path, kind, reader):
+    special = _special_files(tmp_path)
+    path, named = special[kind]
+    read = {
+        "load": lambda: nf.load(path), "load read": lambda: nf.load(path, mmap=False),
+        "header": lambda: nf.checkpoint.open_model_file(path),
+        "state_dict": lambda: nf.checkpoint.load_state_dict_file(nf.Sequential(ops.Linear(2, 2)), path),
+    }[reader]
+    try:
+        error = _without_hanging(read)
+    finally:
+        special["server"][0].close()
+    assert isinstance(error, CheckpointError)
+    assert f"{path} is {named}, not a regular file; a model file or checkpoint is read from a regular file" in str(error)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs: POSIX")
+def test_a_path_replaced_by_a_fifo_after_its_check_is_refused_without_waiting(tmp_path, monkeypatch):
+    fifo, regular = tmp_path / "fifo", tmp_path / "m.safetensors"
+    os.mkfifo(fifo)
+    nf.save(nf.Sequential(ops.Linear(2, 2)), regular)
+    real_stat = os.stat
+    # The check before opening sees a regular file, as it would if the path were swapped just after it.
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: real_stat(regular if str(p) == str(fifo) else p, *a, **k))
+    error = _without_hanging(lambda: nf.load(fifo))
+    assert isinstance(error, CheckpointError) and "is a FIFO (named pipe), not a regular file" in str(error)

@@ -22,6 +22,7 @@ from neuroflow.checkpoint import (
     load_training_checkpoint,
     save_training_checkpoint,
 )
+from neuroflow.checkpoint.divergence import LossWatch, Verdict
 
 N = 6  # optimisation steps before and after the restart
 
@@ -152,7 +153,7 @@ def test_keeps_the_newest_k_and_cleans_interrupted_writes(tmp_path):
         save_training_checkpoint(trainer, tmp_path, keep=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt-00000004.safetensors", "ckpt-00000005.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "ckpt-00000004.safetensors", "ckpt-00000005.safetensors", "notes.txt",
+        "ckpt-00000004.safetensors", "ckpt-00000005.safetensors", "neuroflow.lock", "notes.txt",
     ]
     assert latest_checkpoint(tmp_path).name == "ckpt-00000005.safetensors"
     assert latest_checkpoint(tmp_path / "nothing") is None
@@ -211,9 +212,10 @@ def test_a_checkpoint_of_another_model_or_optimizer_is_refused_and_changes_nothi
         load_training_checkpoint(sgd, path)
     assert sgd.step == 0 and all(np.array_equal(a, p.data) for a, p in zip(before, sgd.model.parameters()))
     plain = _trainer(seed=3)
-    plain.scheduler = None
-    with pytest.raises(CheckpointError, match="saved with a scheduler"):
+    plain.scheduler = None  # the trainer's configuration wins: no scheduler, said in a warning
+    with pytest.warns(RuntimeWarning, match=r"scheduler none, a constant lr \(checkpoint: Cosine\(warmup_epochs"):
         load_training_checkpoint(plain, path)
+    assert plain.step == 1 and plain.scheduler is None
 
 
 def test_a_training_checkpoint_opens_as_a_model_file(tmp_path):
@@ -292,7 +294,8 @@ def test_killed_in_the_middle_of_a_write_the_previous_checkpoint_is_intact(tmp_p
     assert load_training_checkpoint(trainer, folder).step == 2
     trainer.train_step(np.zeros((8, 512), np.float32), np.arange(8))
     save_training_checkpoint(trainer, folder, keep=2)  # the resumed run cleans up the half-written file
-    assert sorted(p.name for p in folder.iterdir()) == ["ckpt-00000002.safetensors", "ckpt-00000003.safetensors"]
+    assert sorted(p.name for p in folder.iterdir()) == ["ckpt-00000002.safetensors", "ckpt-00000003.safetensors",
+                                                        "neuroflow.lock"]  # the resumed run holds the directory
 
 
 def test_killed_at_any_moment_the_newest_checkpoint_loads(tmp_path):
@@ -322,3 +325,76 @@ def test_checkpoint_metadata_is_json(tmp_path):
     assert training["scheduler"]["state"]["type"] == "Cosine"
     assert set(training["rng"]["ops"]) == {"2"}
     assert {"optimizer::exp_avg", "optimizer::exp_avg_sq"} <= set(opened.header.tensors)
+
+
+# ---------------------------------------------------------------- good and bad checkpoints (divergence)
+def _verdicts(losses_per_window):
+    """The verdict on each window (one checkpoint after each): whether training from the checkpoint before was sane."""
+    watch = LossWatch()
+    verdicts = []
+    for step, window in enumerate(losses_per_window, start=1):
+        for loss in window:
+            watch.observe(loss)
+        verdict, state = watch.judge(step)
+        watch.commit(state)
+        verdicts.append(verdict.good)
+    return verdicts
+
+
+def test_the_rule_marks_an_explosion_bad_and_never_a_noisy_converging_run():
+    rng = np.random.default_rng(0)
+    converging = [[2.3 * 0.9 ** i * rng.uniform(0.02, 1.0)] for i in range(80)]  # one step a window, 50x noise
+    assert all(_verdicts(converging))
+    assert _verdicts([[1.4], [7.7e7], [6.7e9], [1.2]]) == [True, False, False, True]  # AdamW lr 1e3: step 2 explodes
+    # above the first loss and 10x the best window mean: bad; either alone is not divergence
+    assert _verdicts([[2.3], [0.05], [0.4], [2.0], [3.0]]) == [True, True, True, True, False]
+    assert _verdicts([[1.0], [float("nan")], [1.0]]) == [True, False, True]
+
+
+def test_a_checkpoint_is_judged_by_the_steps_taken_from_it():
+    watch = LossWatch()
+    for loss in (1.0, 2.0):
+        watch.observe(loss)
+    verdict, state = watch.judge(2)
+    assert verdict == Verdict(True, 1.5, 2, "mean loss 1.5 <= 10", judges=None)  # the run's start, never saved
+    assert watch.judge(2)[0] == verdict and watch.pending is None  # not committed: a failed write changes nothing
+    watch.commit(state)
+    assert (watch.pending, watch.newest_good) == (2, None)  # ckpt 2 waits for the steps after it
+    assert watch.judge(2) == (verdict, watch.state_dict())  # written again at the same step: nothing new
+    watch.observe(1.2)
+    watch.commit(watch.judge(3)[1])
+    assert (watch.pending, watch.newest_good) == (3, 2)  # step 3 went well from ckpt 2
+    again = LossWatch()
+    again.load_state_dict(json.loads(json.dumps(watch.state_dict())))  # what a checkpoint carries
+    again.observe(20.0)
+    verdict, state = again.judge(4)
+    assert (verdict.good, verdict.judges, state["newest_good"]) == (False, 3, 2) and "exploded" in verdict.reason
+
+
+def test_pruning_keeps_the_newest_good_checkpoint_and_each_checkpoint_records_the_verdicts(tmp_path):
+    trainer = _bind(_trainer(seed=0, checkpoint_dir=tmp_path))
+    batches = _batches(5)
+    for x, y in batches[:2]:
+        trainer.train_step(x, y)
+        save_training_checkpoint(trainer, tmp_path, keep=1)
+    good = tmp_path / "ckpt-00000001.safetensors"  # step 2, taken from it, went well
+    for x, y in batches[2:]:
+        trainer.train_step(x, y)
+        trainer.checkpoints.observe(1e30)  # as if the step's loss had exploded
+        save_training_checkpoint(trainer, tmp_path, keep=1)
+    assert [p.name for p in list_checkpoints(tmp_path)] == [good.name, "ckpt-00000005.safetensors"]
+    training = json.loads(nf.checkpoint.open_model_file(tmp_path / "ckpt-00000005.safetensors").header
+                          .metadata["training"])
+    assert training["verdict"]["good"] is False and training["verdict"]["judges"] == 4
+    assert "exploded" in training["verdict"]["reason"] and training["divergence"]["newest_good"] == 1
+    assert trainer.checkpoints.newest_good() == good
+    fresh = _trainer(seed=1)
+    with pytest.warns(RuntimeWarning, match=f"ckpt-00000005.safetensors, written while the loss was exploding .*the "
+                                            f"newest good checkpoint is {good}: resume that file"):
+        info = load_training_checkpoint(fresh, tmp_path)
+    assert info.diverging and info.newest_good == good
+    del fresh
+    back = _trainer(seed=1)
+    info = load_training_checkpoint(back, good)
+    assert info.step == 1 and not info.diverging
+    assert info.run != trainer.checkpoints.run.id  # an older checkpoint starts a new run: 5 is not its own

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import textwrap
 from importlib import metadata
 from pathlib import Path
 
@@ -185,6 +186,66 @@ def test_failing_plugins_are_reported_and_skipped(fake_entry_points, capsys):
     assert main(["gradcheck", "Linear"]) == 0  # the broken plugins do not stop other commands
 
 
+@pytest.fixture
+def plugin_module(tmp_path, monkeypatch):
+    """Write an importable module (a plugin's code) and forget it after the test."""
+    names = []
+
+    def write(name, source):
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        names.append(name)
+        return name
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield write
+    for name in names:
+        sys.modules.pop(name, None)
+
+
+def test_plugins_shows_a_plugin_whose_hook_raised_in_this_process_as_failed(fake_entry_points, plugin_module,
+                                                                             capsys):
+    module = plugin_module("nf_cli_stepfails", """
+        from neuroflow.hookspecs import hookimpl
+
+        @hookimpl
+        def neuroflow_step_end(step):
+            raise ValueError("bad step")
+    """)
+    fake_entry_points(("stepper", module, "neuroflow_plugins", "stepper-dist"))
+    x = np.zeros((8, 6), dtype=np.float32)
+    with pytest.raises(neuroflow.errors.PluginHookError, match="plugin 'stepper'"):
+        neuroflow.Trainer(neuroflow.Sequential(ops.Linear(6, 2)), batch_size=4, progress=False).fit((x, np.zeros(8, int)))
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "plugins [neuroflow_plugins] (1 found, 1 failed)" in out
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["stepper"])
+    assert "stepper-dist" in row and row.endswith("FAILED in neuroflow_step_end: ValueError: bad step")
+
+
+def test_plugins_shows_a_refused_name_and_who_keeps_it(fake_entry_points, capsys):
+    fake_entry_points(("Linear", "neuroflow_no_such_module:Linear", "neuroflow_ops", "shadow-ops"))
+    assert main(["plugins"]) == 0
+    out, err = capsys.readouterr()
+    assert re.search(r"ops \[neuroflow_ops\] \(\d+ found, 1 refused\)", out)
+    rows = [line for line in out.splitlines() if line.split()[:1] == ["Linear"]]
+    assert any("neuroflow-core" in row and row.endswith("ok") for row in rows)
+    assert any("shadow-ops" in row and row.endswith("REFUSED: neuroflow-core already provides 'Linear'")
+               for row in rows)
+    assert "PluginWarning" not in err  # the table says it
+    assert main(["gradcheck", "Linear"]) == 0  # the core's Linear, unbroken
+
+
+def test_plugins_survives_a_plugin_that_calls_sys_exit_at_import(fake_entry_points, plugin_module, capsys):
+    module = plugin_module("nf_cli_exits", "import sys\nsys.exit(3)\n")
+    fake_entry_points(("exiter", module, "neuroflow_plugins", "exiter-dist"))
+    assert main(["plugins"]) == 0
+    out, err = capsys.readouterr()
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["exiter"])
+    assert "exiter-dist" in row and row.endswith("FAILED: SystemExit: 3")
+    assert "plugins [neuroflow_plugins] (1 found, 1 failed)" in out
+    assert "skipping plugin 'exiter'" in err
+
+
 def test_doctor_reports_versions_backends_and_data(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
@@ -242,6 +303,12 @@ def test_plugins_add_commands_and_a_broken_one_is_skipped(capsys):
         out, err = capsys.readouterr()
         assert out == "hello nf\n"
         assert "skipping commands of plugin 'broken-commands': RuntimeError: no commands today" in err
+        assert main(["plugins"]) == 0  # in the same process: the plugin whose hook raised is not "ok"
+        out = capsys.readouterr().out
+        row = next(line for line in out.splitlines() if line.split()[:1] == ["broken-commands"])
+        assert row.endswith("(registered at run time)  FAILED in neuroflow_register_commands: RuntimeError: "
+                            "no commands today")
+        assert next(line for line in out.splitlines() if line.split()[:1] == ["hello-plugin"]).endswith("ok")
     finally:
         reset_plugin_manager()
 

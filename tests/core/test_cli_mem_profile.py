@@ -45,6 +45,17 @@ def test_the_configs_own_budget_splits_the_batch_keeping_the_effective_batch(cap
     assert "to keep the effective batch 256: batch_size=64 x gradient_accumulation_steps=4 (= 256)" in out
 
 
+def test_a_budget_nothing_fits_exits_1_and_says_what_does_not_fit(capsys):
+    assert main(["mem-profile", str(EXAMPLE), "--batch-size", "256", "--budget-mb", "2.2"]) == 1
+    out = capsys.readouterr().out
+    assert "budget: 2.200 MiB -> does NOT fit" in out
+    single = int(re.search(r"largest batch that fits: (\d+)", out).group(1))
+    assert re.search(rf"nothing fits: no batch × accumulation keeps the effective batch 256 within 2.200 MiB: "
+                     rf".* batch_size={single} with gradient_accumulation_steps=1 fits", out)
+    assert main(["mem-profile", str(EXAMPLE), "--batch-size", str(single), "--budget-mb", "2.2"]) == 0
+    assert "budget: 2.200 MiB -> fits" in capsys.readouterr().out
+
+
 @pytest.fixture
 def tiny_model():
     """A registered model name whose builder stores a default input shape."""
@@ -77,9 +88,12 @@ def test_registered_vision_models(capsys):
     assert main(["mem-profile", "resnet18", "--input-shape", "3,32,32", "--batch-size", "2"]) == 0
     out = capsys.readouterr().out
     assert "11,173,962 parameters" in out and "layer4.1.conv2 Conv2d" in out
-    assert main(["mem-profile", "neuroflow_cnn", "--input-shape", "1,28,28", "--batch-size", "4", "--budget-mb", "1"]) == 0
+    # 1 MiB holds not even the CNN's parameters, gradients and AdamW state: the report says so, and the exit status
+    assert main(["mem-profile", "neuroflow_cnn", "--input-shape", "1,28,28", "--batch-size", "4", "--budget-mb", "1"]) == 1
     out = capsys.readouterr().out
-    assert "Conv2d(1→48" in out and "largest batch that fits:" in out
+    assert "Conv2d(1→48" in out and "largest batch that fits: 0" in out
+    assert re.search(r"nothing fits: the budget of 1.000 MiB does not hold even the part that does not depend on the "
+                     r"batch: parameters, gradients and optimizer state take 1.1\d\d MiB", out)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -76,3 +76,24 @@ def test_predictions_are_probabilities():
     probs = CrossEntropy().predictions(np.array([[1.0, 2.0, 3.0]]))
     np.testing.assert_allclose(probs.sum(), 1.0)
     assert probs.argmax() == 2
+
+
+@pytest.mark.parametrize("loss", [CrossEntropy(), CrossEntropy(label_smoothing=0.1), MSE()], ids=repr)
+def test_float32_loss_means_meet_the_pairwise_bound(loss, nf_backend):
+    """The batch mean over 131,072 rows (MSE: elements) in float32 is the float64 mean to log2(n)·eps.
+
+    A guard rather than a fix: these means run over contiguous arrays, which numpy sums pairwise (CuPy in a
+    tree, the opencl backend in double), so they met the bound before the blocked sums of
+    ``neuroflow.backends.reductions`` too; a sequential sum would miss it (~1e-5 here).
+    """
+    rng = np.random.default_rng(0)
+    n = 131_072
+    if isinstance(loss, MSE):
+        pred, target = rng.standard_normal((n, 1)) + 1.0, rng.standard_normal((n, 1))
+    else:
+        pred, target = rng.standard_normal((n, 10)) * 3.0, rng.integers(0, 10, n)
+    pred32 = pred.astype(np.float32)
+    wide = type(loss)(**loss.get_config()).forward(pred32.astype(np.float64), target)
+    device_target = target if target.dtype.kind in "iu" else target.astype(np.float32)
+    narrow = loss.to(nf_backend).forward(nf_backend.from_host(pred32), nf_backend.from_host(device_target))
+    assert abs(narrow - wide) <= np.log2(n) * np.finfo(np.float32).eps * abs(wide)

@@ -252,6 +252,63 @@ def test_budget_fits_batch_and_accumulation_and_training_stays_under_it(capsys):
     assert measured <= budget * 2**20 * 1.02
 
 
+def _batch1(trainer, effective):
+    """The profile the Trainer's budget check makes, at a generous budget: the static part and batch 1's peaks."""
+    reserve = trainer.input_bytes_per_sample((784,))
+    return nf.memory.profile(trainer.model, (effective, 784), optimizer=trainer.optimizer, budget_mb=1e3,
+                             reserve_per_sample=reserve)
+
+
+def test_a_budget_below_batch_1_says_what_does_not_fit_with_both_parts_and_the_budget_that_does():
+    x, y = data(64, 784, 10)
+    probe = _batch1(nf.Trainer(mlp(2), batch_size=1, progress=False), 1)
+    static, one = probe.static_bytes, probe.batch1_peak_bytes
+    assert static < one
+    budget = (static + one) / 2 / 2**20  # holds the parameters and optimizer state, not batch 1's activations
+    with pytest.raises(OutOfMemoryError) as info:
+        nf.Trainer(mlp(2), batch_size=1, memory_budget_mb=budget, progress=False).fit((x, y), epochs=1)
+    message = str(info.value)
+    assert re.search(rf"the budget of {budget:.3f} MiB is too small even for batch 1, which needs [\d.]+ MiB: "
+                     rf"parameters, gradients and optimizer state take {static / 2**20:.3f} MiB; activations, "
+                     rf"workspace and input batches at batch 1 take {(one - static) / 2**20:.3f} MiB more", message)
+    enough = float(re.search(r"Raise the budget to at least ([\d.]+) MiB", message).group(1))
+    assert one <= enough * 2**20 < one + 2**20 / 1000
+    trainer = nf.Trainer(mlp(2), batch_size=1, memory_budget_mb=enough, progress=False)
+    trainer.fit((x[:4], y[:4]), epochs=1)  # the budget it names is enough
+    assert trainer.batch_size == 1
+
+
+def test_a_budget_below_the_static_part_says_so():
+    x, y = data(64, 784, 10)
+    probe = _batch1(nf.Trainer(mlp(2), batch_size=64, progress=False), 64)
+    budget = probe.static_bytes / 2 / 2**20
+    with pytest.raises(OutOfMemoryError, match=rf"the budget of {budget:.3f} MiB does not hold even the part that "
+                                               rf"does not depend on the batch: parameters, gradients and optimizer "
+                                               rf"state take {probe.static_bytes / 2**20:.3f} MiB"):
+        nf.Trainer(mlp(2), batch_size=64, memory_budget_mb=budget, progress=False).fit((x, y), epochs=1)
+
+
+def test_a_budget_that_fits_a_batch_but_no_accumulation_offers_that_batch_and_it_fits():
+    """Accumulating needs a workspace per weight gradient: a budget between batch 1's peak without it and with it
+    holds a batch of its own, which the error offers (it said "too small even for batch 1")."""
+    x, y = data(256, 784, 10)
+    probe = _batch1(nf.Trainer(mlp(2), batch_size=64, gradient_accumulation_steps=4, progress=False), 256)
+    one, accumulating = probe.batch1_peak_bytes, probe.batch1_accumulating_peak_bytes
+    assert one < accumulating
+    budget = (one + 3 * accumulating) / 4 / 2**20
+    with pytest.raises(OutOfMemoryError, match=r"no batch × accumulation keeps the effective batch 256 .* "
+                                               r"batch_size=(\d+) with gradient_accumulation_steps=1 fits") as info:
+        nf.Trainer(mlp(2), batch_size=64, gradient_accumulation_steps=4, memory_budget_mb=budget,
+                   progress=False).fit((x, y), epochs=1)
+    fits = int(re.search(r"batch_size=(\d+) with", str(info.value)).group(1))
+    assert fits > 1
+    trainer = nf.Trainer(mlp(2), batch_size=fits, memory_budget_mb=budget, progress=False)
+    trainer.fit((x, y), epochs=1)
+    assert (trainer.batch_size, trainer.gradient_accumulation_steps) == (fits, 1)
+    with pytest.raises(OutOfMemoryError):
+        nf.Trainer(mlp(2), batch_size=fits + 1, memory_budget_mb=budget, progress=False).fit((x, y), epochs=1)
+
+
 def test_pool_too_small_raises_with_needed_free_and_advice():
     x, y = data(1024, 784, 10)
     trainer = nf.Trainer(mlp(2), batch_size=1024, memory_pool_size_mb=0.45, progress=False)

@@ -310,6 +310,13 @@ BAD: list[tuple[Callable[[], Optimizer], str]] = [
     (lambda: Adam(betas=(0.9,)), "pair"),
     (lambda: Adam(eps=-1e-8), "eps"),
     (lambda: AdamW(weight_decay=-0.01), "weight_decay"),
+    # numbers are numbers: a string or a bool is refused, not converted
+    (lambda: SGD(lr="0.01"), r"SGD: lr must be a number; got '0.01' \(str\)"),  # type: ignore[arg-type]
+    (lambda: AdamW(lr=True), r"AdamW: lr must be a number; got True \(bool\)"),
+    (lambda: SGD(lr=0.1, momentum="0.9"), "momentum must be a number"),  # type: ignore[arg-type]
+    (lambda: Adam(betas=("0.9", 0.999)), r"betas\[0\] must be a number"),  # type: ignore[arg-type]
+    (lambda: Adam(eps="1e-8"), "eps must be a number"),  # type: ignore[arg-type]
+    (lambda: SGD(lr=0.1, momentum=0.9, nesterov="yes"), "nesterov must be True or False"),  # type: ignore[arg-type]
 ]
 
 
@@ -317,6 +324,13 @@ BAD: list[tuple[Callable[[], Optimizer], str]] = [
 def test_bad_hyperparameters_raise_value_error_naming_the_argument(make: Callable[[], Optimizer], names: str) -> None:
     with pytest.raises(ValueError, match=names):
         make()
+
+
+def test_numbers_of_any_real_type_are_taken_as_floats() -> None:
+    """An int is a float (the numeric tower) and numpy's scalars are numbers: accepted and stored as floats."""
+    opt = Adam(lr=1, betas=(np.float32(0.5), 0.75), eps=np.float64(1e-6), weight_decay=0)
+    assert opt.get_config() == {"lr": 1.0, "betas": (0.5, 0.75), "eps": 1e-6, "weight_decay": 0.0}
+    assert all(type(v) is float for v in (opt.lr, *opt.betas, opt.eps, opt.weight_decay))
 
 
 def test_step_before_bind_raises() -> None:
@@ -424,7 +438,7 @@ def test_clip_grad_norm_returns_nonfinite_norm_without_scaling(bad: float) -> No
     np.testing.assert_array_equal(grad[[0, 2]], [3.0, 4.0])
 
 
-@pytest.mark.parametrize("max_norm", [0.0, -1.0, float("nan")])
+@pytest.mark.parametrize("max_norm", [0.0, -1.0, float("nan"), float("inf"), "1.0", True])
 def test_clip_grad_norm_rejects_bad_max_norm(max_norm: float) -> None:
     with pytest.raises(ValueError, match="max_norm"):
         clip_grad_norm(np.ones(3), max_norm)

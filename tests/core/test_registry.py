@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 from importlib import metadata
 
+import numpy as np
 import pytest
 
-from neuroflow import registry
-from neuroflow.errors import PluginLoadError, UnknownNameError
+import neuroflow as nf
+from neuroflow import ops, registry
+from neuroflow.errors import NonFiniteLossError, PluginHookError, PluginLoadError, PluginWarning, UnknownNameError
+from neuroflow.hookspecs import hookimpl
 from neuroflow.plugins import plugin_manager, reset_plugin_manager
 
 
@@ -25,13 +29,15 @@ def _entry_point(name, value, group, dist):
 
 @pytest.fixture
 def fake_entry_points(monkeypatch):
-    """Replace entry-point discovery with a given list, and reset registries around the test."""
+    """Replace entry-point discovery with a given list, and reset registries around the test; ``first=True``
+    lists them before the installed ones (discovery order is the environment's, not a promise)."""
     real = metadata.entry_points
 
-    def install(extra):
+    def install(extra, first=False):
         def entry_points(group=None, **kw):
             found = list(real(group=group, **kw))
-            return found + [ep for ep in extra if ep.group == group]
+            fakes = [ep for ep in extra if ep.group == group]
+            return fakes + found if first else found + fakes
 
         monkeypatch.setattr(metadata, "entry_points", entry_points)
         for reg in registry.ALL:
@@ -127,6 +133,166 @@ def test_hooks_are_called_by_the_trainer_lifecycle(fake_entry_points):
     trainer = nf.Trainer(nf.Sequential(ops.Linear(3, 2)), batch_size=4, progress=False, seed=0)
     trainer.fit((x, y), epochs=2)
     assert calls == ["start", "step1", "step2", "epoch1:True", "step3", "step4", "epoch2:True", "end2"]
+
+
+@pytest.fixture
+def plugin_module(tmp_path, monkeypatch):
+    """Write an importable module (a plugin's code) and forget it after the test."""
+    names = []
+
+    def write(name, source):
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        names.append(name)
+        return name
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield write
+    for name in names:
+        sys.modules.pop(name, None)
+
+
+HOOKS = """
+    from neuroflow.hookspecs import hookimpl
+
+    ended = []
+
+    @hookimpl
+    def neuroflow_step_end(step):
+        if {step_fails} and step == 2:
+            raise ValueError("bad step")
+
+    @hookimpl
+    def neuroflow_train_end(history):
+        ended.append(len(history))
+        if {end_fails}:
+            raise RuntimeError("cannot upload the run")
+"""
+
+
+def _fit(epochs=2, lr=0.1, x=None):
+    x = np.random.default_rng(0).standard_normal((8, 3)).astype(np.float32) if x is None else x
+    trainer = nf.Trainer(nf.Sequential(ops.Linear(3, 2)), optimizer=nf.optim.SGD(lr=lr), batch_size=4,
+                         progress=False, seed=0)
+    return trainer, trainer.fit((x, np.arange(8) % 2), epochs=epochs)
+
+
+def test_a_hook_that_raises_is_named_with_its_plugin_distribution_and_hook(fake_entry_points, plugin_module):
+    module = plugin_module("nf_stepfails", HOOKS.format(step_fails=True, end_fails=False))
+    fake_entry_points([_entry_point("stepper", module, "neuroflow_plugins", "stepper-dist")])
+    with pytest.raises(PluginHookError, match=r"^plugin 'stepper' \(distribution stepper-dist\) raised in "
+                                              r"neuroflow_step_end: ValueError: bad step; fix or uninstall "
+                                              r"stepper-dist") as info:
+        _fit()
+    error = info.value
+    assert (error.plugin, error.distribution, error.hook) == ("stepper", "stepper-dist", "neuroflow_step_end")
+    assert isinstance(error.__cause__, ValueError) and error.error is error.__cause__
+    assert sys.modules[module].ended == [0]  # train_end still told the plugin the run ended
+
+
+def test_a_plugin_registered_at_run_time_is_named_by_its_class():
+    class Exploding:
+        @hookimpl
+        def neuroflow_epoch_end(self, epoch):
+            raise KeyError(epoch)
+
+    plugin = Exploding()
+    plugin_manager().register(plugin)
+    try:
+        with pytest.raises(PluginHookError, match=r"plugin 'Exploding' \(registered at run time\) raised in "
+                                                  r"neuroflow_epoch_end: KeyError: 1; fix the plugin"):
+            _fit()
+    finally:
+        plugin_manager().unregister(plugin)
+
+
+def test_a_failing_train_end_after_training_keeps_the_history_and_is_warned(fake_entry_points, plugin_module):
+    module = plugin_module("nf_endfails", HOOKS.format(step_fails=False, end_fails=True))
+    fake_entry_points([_entry_point("uploader", module, "neuroflow_plugins", "uploader-dist")])
+    with pytest.warns(PluginWarning, match=r"plugin 'uploader' \(distribution uploader-dist\) raised in "
+                                           r"neuroflow_train_end: RuntimeError: cannot upload the run"):
+        trainer, history = _fit(epochs=2)
+    assert len(history) == 2 and trainer.history is history and trainer.step == 4
+    [error] = history.hook_errors
+    assert isinstance(error, PluginHookError) and isinstance(error.__cause__, RuntimeError)
+
+
+def test_a_failing_train_end_does_not_hide_the_training_error(fake_entry_points, plugin_module):
+    module = plugin_module("nf_endfails_too", HOOKS.format(step_fails=False, end_fails=True))
+    fake_entry_points([_entry_point("uploader", module, "neuroflow_plugins", "uploader-dist")])
+    x = np.random.default_rng(0).standard_normal((8, 3)).astype(np.float32)
+    x[5, 0] = np.nan
+    with pytest.warns(PluginWarning, match="raised in neuroflow_train_end"), \
+            pytest.raises(NonFiniteLossError, match="loss became nan at step 2") as info:
+        _fit(x=x)
+    assert any("plugin 'uploader' (distribution uploader-dist) raised in neuroflow_train_end" in note
+               for note in info.value.__notes__)
+    assert sys.modules[module].ended == [0]
+
+
+def test_a_distribution_cannot_take_a_name_another_provides(fake_entry_points):
+    """The first provider keeps a name: the core, then the distribution the project declares for it, then the
+    others by name; the rest are refused and warned about, and a broken one cannot break the name."""
+    from neuroflow.ops.linear import Linear
+
+    fakes = [_entry_point("Linear", "neuroflow_no_such_module:Linear", "neuroflow_ops", "aaa-shadow"),
+             _entry_point("Gizmo", "json:dumps", "neuroflow_ops", "zzz-gizmos"),
+             _entry_point("Gizmo", "json:loads", "neuroflow_ops", "mmm-gizmos"),
+             _entry_point("Gizmo", "json:loads", "neuroflow_ops", "mmm-gizmos")]  # one distribution found twice
+    fake_entry_points(fakes, first=True)  # listed before the core's own
+    with pytest.warns(PluginWarning) as warned:
+        names = registry.ops.names()
+    assert {str(w.message) for w in warned} == {
+        "op 'Linear' of aaa-shadow is refused: neuroflow-core already provides it (uninstall one; "
+        "`neuroflow plugins` lists the conflicts)",
+        "op 'Gizmo' of zzz-gizmos is refused: mmm-gizmos already provides it (uninstall one; "
+        "`neuroflow plugins` lists the conflicts)"}
+    assert "Linear" in names and ops.Linear is Linear and registry.ops.distribution("Linear") == "neuroflow-core"
+    assert registry.ops.get("Gizmo") is __import__("json").loads
+    assert registry.ops.conflicts == {"Linear": ["aaa-shadow"], "Gizmo": ["zzz-gizmos"]}
+    assert registry.ops.failures == {}
+    assert "Linear" in registry.ops.load_all()
+
+
+def test_the_declared_provider_of_a_plugin_name_keeps_it(fake_entry_points):
+    if registry.ops.distribution("Conv2d") != "neuroflow-ops-vision":
+        pytest.skip("neuroflow-ops-vision is not installed")
+    fake_entry_points([_entry_point("Conv2d", "json:dumps", "neuroflow_ops", "aaa-convs")], first=True)
+    with pytest.warns(PluginWarning, match="op 'Conv2d' of aaa-convs is refused: neuroflow-ops-vision already"):
+        assert registry.ops.distribution("Conv2d") == "neuroflow-ops-vision"
+
+
+def test_sys_exit_at_plugin_import_is_contained_and_not_run_again(fake_entry_points, plugin_module, tmp_path):
+    runs = tmp_path / "runs"
+    module = plugin_module("nf_exits", f"""
+        import sys
+        with open({str(runs)!r}, "a") as f:
+            f.write("x")
+        sys.exit(3)
+    """)
+    fake_entry_points([_entry_point("exiter", module, "neuroflow_plugins", "exiter-dist"),
+                       _entry_point("ExitOp", f"{module}:Op", "neuroflow_ops", "exiter-dist")])
+    manager = plugin_manager()  # skips it instead of exiting
+    assert "exiter" not in [name for name, _ in manager.list_name_plugin()]
+    assert registry.plugins.failures == {"exiter": "SystemExit: 3"}
+    for _ in range(2):
+        with pytest.raises(PluginLoadError, match="op 'ExitOp' from exiter-dist failed to load: SystemExit: 3"):
+            registry.ops.get("ExitOp")
+    assert runs.read_text() == "xx"  # imported once for the plugin, once for the op; a failure is not re-run
+
+
+def test_a_plugin_pluggy_refuses_is_recorded_and_skipped(fake_entry_points, plugin_module, capsys):
+    module = plugin_module("nf_badargs", """
+        from neuroflow.hookspecs import hookimpl
+
+        @hookimpl
+        def neuroflow_step_end(step, nonsense):
+            pass
+    """)
+    fake_entry_points([_entry_point("badargs", module, "neuroflow_plugins", "badargs-dist")])
+    manager = plugin_manager()
+    assert "badargs" not in [name for name, _ in manager.list_name_plugin()]
+    assert "nonsense" in registry.plugins.failures["badargs"]
+    assert "skipping plugin 'badargs'" in capsys.readouterr().err
 
 
 def test_import_is_lazy():

@@ -112,6 +112,11 @@ BAD_ARGUMENTS: list[tuple[Callable[[], Scheduler], str]] = [
     (lambda: Cosine(warmup_steps=-5), "warmup_steps"),
     (lambda: Cosine(warmup_steps=2.5), "warmup_steps"),  # type: ignore[arg-type]
     (lambda: Cosine(min_lr=-1e-4), "min_lr"),
+    # numbers are numbers: a string or a bool is refused, not converted
+    (lambda: Cosine(min_lr="0"), r"Cosine: min_lr must be a finite number >= 0; got '0' \(str\)"),  # type: ignore[arg-type]
+    (lambda: Cosine(warmup_epochs=True), r"warmup_epochs must be a finite number >= 0; got True \(bool\)"),
+    (lambda: Step(step_size=1, gamma="0.5"), r"Step: gamma must be a finite number > 0; got '0.5'"),  # type: ignore[arg-type]
+    (lambda: Step(step_size=True), "step_size"),
 ]
 
 

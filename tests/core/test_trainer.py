@@ -10,7 +10,7 @@ import pytest
 
 import neuroflow as nf
 from neuroflow import ops
-from neuroflow.errors import ConfigError, NonFiniteLossError
+from neuroflow.errors import ConfigError, NonFiniteDataError, NonFiniteLossError
 from neuroflow.hookspecs import hookimpl
 from neuroflow.plugins import plugin_manager
 
@@ -88,8 +88,10 @@ def test_nonfinite_loss_stops_with_step_and_layer():
     trainer = nf.Trainer(_mlp(), optimizer=nf.optim.SGD(lr=0.1), batch_size=8, progress=False)
     trainer.fit((x, y), epochs=1)
     trainer.model[2].weight.data[0, 0] = np.nan
-    with pytest.raises(NonFiniteLossError, match=r"at step 5 \(first non-finite output in layer 2 \(Linear\(16→3\)\)\)"):
+    with pytest.raises(NonFiniteLossError, match=r"at step 5 \(first non-finite output in layer 2 \(Linear\(16→3\)\)\); "
+                                                 r"training stopped. The batch's data are finite") as info:
         trainer.fit((x, y), epochs=1)
+    assert not isinstance(info.value, NonFiniteDataError)
 
 
 def test_interrupt_stops_cleanly_after_the_current_step():
@@ -161,12 +163,57 @@ def test_outputs_of_a_trained_model_are_the_callers_to_keep():
     [
         ({"batch_size": 0}, "batch_size must be a positive integer"),
         ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps must be a positive integer"),
-        ({"clip_grad_norm": -1.0}, "clip_grad_norm must be positive"),
+        ({"clip_grad_norm": -1.0}, "clip_grad_norm must be a positive finite number; got -1.0"),
+        # what the type hints say, exactly: a bool is not an int, a string is not a number
+        ({"batch_size": True}, r"batch_size must be an integer; got True \(bool\)"),
+        ({"keep_checkpoints": False}, r"keep_checkpoints must be an integer; got False \(bool\)"),
+        ({"checkpoint_dir": "x", "checkpoint_every": True}, r"checkpoint_every must be an integer or None; got True"),
+        ({"seed": 1.5}, r"seed must be an integer or None; got 1.5 \(float\)"),
+        ({"clip_grad_norm": "1.0"}, r"clip_grad_norm must be a number or None; got '1.0' \(str\)"),
+        ({"memory_budget_mb": "64"}, r"memory_budget_mb must be a number or None; got '64' \(str\)"),
+        ({"memory_budget_mb": float("inf")}, "memory_budget_mb must be a positive finite number; got inf"),
+        ({"shuffle": "no"}, r"shuffle must be True or False; got 'no' \(str\)"),
+        ({"checkpoint_dir": 3}, r"checkpoint_dir must be a string or a path or None; got 3 \(int\)"),
     ],
 )
 def test_bad_trainer_arguments(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         nf.Trainer(_mlp(), **kwargs)
+
+
+def test_numbers_where_the_hint_says_float_and_paths_where_it_says_pathlike(tmp_path):
+    trainer = nf.Trainer(_mlp(), clip_grad_norm=1, memory_pool_size_mb=np.float32(8.0), checkpoint_dir=tmp_path,
+                         progress=False)
+    assert trainer.options.clip_grad_norm == 1 and trainer.checkpoint_dir == tmp_path
+
+
+def test_non_finite_inputs_are_blamed_on_the_data_with_the_step_and_the_sample():
+    x, y = _blobs(32)
+    x[13, 2] = np.nan  # the batch of step 2 (batches of 8, in order), its sample 5
+    x[14, 0] = np.inf
+    trainer = nf.Trainer(_mlp(), batch_size=8, shuffle=False, progress=False)
+    with pytest.raises(NonFiniteDataError, match=r"loss became nan at step 2 because the training inputs hold "
+                                                 r"NaN/Inf: 2 value\(s\), in sample\(s\) 5, 6 of the batch") as info:
+        trainer.fit((x, y), epochs=1)
+    error = info.value
+    assert isinstance(error, NonFiniteLossError) and error.layer is None  # not layer 0's fault
+    assert (error.step, error.which, error.samples, error.count) == (2, "inputs", [5, 6], 2)
+    assert trainer.step == 1
+
+
+def test_non_finite_inputs_of_one_micro_batch_and_non_finite_targets_are_named():
+    x, y = _blobs(16)
+    x[11, 0] = np.nan  # the step's second micro-batch of 8, its sample 3
+    trainer = nf.Trainer(_mlp(), batch_size=8, gradient_accumulation_steps=2, progress=False)
+    with pytest.raises(NonFiniteDataError, match=r"in sample\(s\) 3 of micro-batch 1 of 2") as info:
+        trainer.train_step(x, y)
+    assert (info.value.micro_batch, info.value.micro_batches) == (1, 2)
+    targets = np.zeros((16, 3), dtype=np.float32)
+    targets[4, 1] = np.nan
+    regression = nf.Trainer(_mlp(), loss=nf.losses.MSE(), batch_size=16, progress=False)
+    with pytest.raises(NonFiniteDataError, match="the training targets hold NaN/Inf") as info:
+        regression.train_step(_blobs(16)[0], targets)
+    assert (info.value.which, info.value.samples) == ("targets", [4])
 
 
 def test_bad_calls():

@@ -12,7 +12,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
-CONTENDERS = ["NeuroFlow", "PyTorch", "numpy"] if HAS_TORCH else ["NeuroFlow", "numpy"]
+BENCHMARKS = ROOT / "benchmarks"
+RATIO_HEADERS = ["contender", "median ms", "ratio to PyTorch", "per-repeat ratio", "spread"]
 
 
 def markdown_tables(text: str) -> list[list[list[str]]]:
@@ -30,37 +31,100 @@ def markdown_tables(text: str) -> list[list[list[str]]]:
     return tables
 
 
-def test_mlp_benchmark_quick_prints_its_tables(tmp_path):
+def check_ratio_table(table: list[list[str]], keys: list[str], expected: dict[str, str | None]) -> None:
+    """The ratio table has a row per contender with a positive median, and a ratio exactly where it has a reference."""
+    assert table[0] == [*keys, *RATIO_HEADERS]
+    rows = {row[len(keys)]: row[len(keys) + 1:] for row in table[1:]}
+    assert list(rows) == list(expected)
+    for name, (median, ratio, paired, spread) in rows.items():
+        assert float(median) > 0 and spread.endswith("%")
+        if expected[name] is None:
+            assert ratio == paired == "—"
+        else:
+            assert ratio.endswith("×") and float(ratio[:-1]) > 0 and float(paired[:-1]) > 0
+
+
+def json_line(stdout: str) -> dict:
+    """The summary every benchmark prints as its last line."""
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_mlp_benchmark_reports_sgd_and_adam_in_one_process(tmp_path):
     report_file = tmp_path / "mlp.json"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "mlp.py"), "--quick", "--batches", "16", "--threads", "1",
-         "--rounds", "2", "--steps", "2", "--warmup", "1", "--pause", "0", "--json", str(report_file)],
-        capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    timing, cross_check, memory = markdown_tables(done.stdout)
-
-    ratios = ["NeuroFlow/PyTorch", "numpy/PyTorch"] if HAS_TORCH else []
-    assert timing[0] == ["batch", "threads", *(f"{c} ms" for c in CONTENDERS), *ratios, "NeuroFlow/numpy", "spread"]
-    assert [row[:2] for row in timing[1:]] == [["16", "1"]]
-    for row in timing[1:]:
-        assert all(float(ms) > 0 for ms in row[2:2 + len(CONTENDERS)])
-        assert all(cell.endswith("×") and float(cell[:-1]) > 0 for cell in row[2 + len(CONTENDERS):-1])
-
-    assert [row[:2] for row in cross_check[1:]] == [["16", "1"]]
-
+    done = _run("mlp.py", "--quick", "--batches", "16", "--threads", "1", "--repeats", "2", "--steps", "2",
+                "--warmup", "1", "--separate-processes", "--json", str(report_file))
+    frameworks = ["NeuroFlow", "PyTorch", "numpy"] if HAS_TORCH else ["NeuroFlow", "numpy"]
+    names = [f"{f} {o}" for o in ("SGD", "Adam") for f in frameworks]
+    expected = {n: (None if n.startswith("PyTorch") or not HAS_TORCH else "PyTorch " + n.split()[1]) for n in names}
+    one_process, separate, memory = markdown_tables(done.stdout)
+    for table in (one_process, separate):
+        check_ratio_table(table, ["batch", "threads"], expected)
+        assert {tuple(row[:2]) for row in table[1:]} == {("16", "1")}
     assert memory[0][:6] == ["batch", "threads", "contender", "RSS after setup MB", "first step rise MB",
                              "later steps rise MB"]
-    assert len(memory[0]) == (7 if HAS_TORCH else 6)
-    assert [row[:3] for row in memory[1:]] == [["16", "1", c] for c in CONTENDERS]
+    assert [row[2] for row in memory[1:]] == names
+
+    summary = json_line(done.stdout)
+    assert summary["benchmark"] == "mlp"
+    assert list(summary["results"][0]["median_ms"]) == names
+    assert set(summary["results"][0]["ratio_to_pytorch"]) == {n for n, ref in expected.items() if ref}
 
     report = json.loads(report_file.read_text())
-    assert report["settings"]["contenders"] == CONTENDERS
-    for result in report["results"]:
-        assert {name: len(s) for name, s in result["samples_s"].items()} == {name: 2 for name in CONTENDERS}
-        # The workers start from the same weights on the same batch, so their first losses agree.
-        first = [w["first_losses"][0] for w in result["workers"].values()]
+    assert report["settings"]["contenders"] == names
+    (result,) = report["results"]
+    assert {name: len(s) for name, s in result["samples_s"].items()} == {name: 2 for name in names}
+    assert result["thread_report"]["openblas"] in (1, None)
+    # Contenders with one update start from the same weights on the same batch, so their first losses agree.
+    for update in ("SGD", "Adam"):
+        first = [losses[0] for name, losses in result["first_losses"].items() if name.endswith(update)]
         assert max(first) - min(first) < 1e-3
+
+
+def test_cnn_benchmark_times_the_spec_model_as_written_in_one_process(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import cnn
+    import neuroflow as nf
+    from neuroflow import ops
+
+    # The main contender is the spec's snippet exactly: no layout argument anywhere.
+    spec = nf.Sequential(ops.Conv2d(3, 32, 3, padding=1), ops.ReLU(), ops.MaxPool2d(2),
+                         ops.Conv2d(32, 64, 3, padding=1), ops.ReLU(), ops.MaxPool2d(2),
+                         ops.Flatten(), ops.Linear(4096, 10))
+    configs = [(type(layer).__name__, layer.get_config()) for layer in spec.layers]
+    assert [(type(layer).__name__, layer.get_config()) for layer in cnn.build_neuroflow().layers] == configs
+    assert cnn.CASE.batch == 64
+
+    report_file = tmp_path / "cnn.json"
+    done = _run("cnn.py", "--quick", "--threads", "2", "--repeats", "2", "--steps", "1", "--warmup", "0",
+                "--separate-processes", "--json", str(report_file))
+    names = ["NeuroFlow", "NeuroFlow, NHWC hints", *(["PyTorch"] if HAS_TORCH else [])]
+    expected = {n: ("PyTorch" if HAS_TORCH and n != "PyTorch" else None) for n in names}
+    one_process, separate = markdown_tables(done.stdout)
+    check_ratio_table(one_process, ["threads"], expected)
+    assert separate[0][0] == "threads" and [row[0] for row in separate[1:]] == ["2"]
+    assert json_line(done.stdout)["benchmark"] == "cnn"
+    (result,) = json.loads(report_file.read_text())["results"]
+    assert result["thread_report"]["openblas"] in (2, None)
+    if HAS_TORCH:
+        assert result["thread_report"]["torch"] == 2
+    first = [losses[0] for losses in result["first_losses"].values()]
+    assert max(first) - min(first) < 1e-3
+
+
+def test_resnet18_benchmark_times_the_registry_model_in_one_process(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import resnet18
+    from neuroflow import registry
+
+    # The main contender is the registry's model called without any layout argument.
+    assert resnet18.build_neuroflow().get_config() == registry.models.get("resnet18")(num_classes=10).get_config()
+
+    done = _run("resnet18.py", "--quick", "--repeats", "1", "--steps", "1", "--warmup", "0")
+    names = ["NeuroFlow", *(["PyTorch"] if HAS_TORCH else [])]
+    (table,) = markdown_tables(done.stdout)
+    check_ratio_table(table, ["threads"], {n: ("PyTorch" if HAS_TORCH and n != "PyTorch" else None) for n in names})
+    summary = json_line(done.stdout)
+    assert summary["benchmark"] == "resnet18" and list(summary["results"][0]["median_ms"]) == names
 
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:

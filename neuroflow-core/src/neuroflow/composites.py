@@ -56,6 +56,12 @@ class Sequential(Operator):
         self._fused = None if list(run) == self.layers else (tuple(self.layers), list(run))
 
     @property
+    def running_layers(self) -> list[Operator]:
+        """The layers as they execute now: what :meth:`run_as` set while the layers are unchanged (see
+        :mod:`neuroflow.layout_pass`, which plans on top of fusion's run), else the layers."""
+        return self._run
+
+    @property
     def _run(self) -> list[Operator]:
         """The layers as they execute: as :meth:`run_as` regrouped them when nothing changed since."""
         fused = self._fused  # operators compare by identity, so equal tuples hold the very same layers

@@ -72,6 +72,14 @@ class ActivationFused(Operator):
         with self._activated():
             return self.op.memory_declaration(input_shape)
 
+    def layout_options(self) -> Any:
+        """The op's (see :mod:`neuroflow.layout_pass`): the activation runs in whatever layout the op writes."""
+        ask = getattr(self.op, "layout_options", None)
+        return ask() if callable(ask) else None
+
+    def with_layout(self, input_layout: str | None, output_layout: str | None) -> Any:
+        return self.op.with_layout(input_layout, output_layout)  # type: ignore[attr-defined]
+
     def __repr__(self) -> str:
         return f"ActivationFused({self.op!r}, {self.activation!r})"
 

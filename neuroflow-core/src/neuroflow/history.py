@@ -16,6 +16,7 @@ class History:
     def __init__(self) -> None:
         self.epochs: list[dict[str, float]] = []
         self.interrupted = False
+        self.hook_errors: list[Exception] = []  # what plugins' neuroflow_train_end raised (also warned about)
 
     def append(self, metrics: dict[str, float]) -> None:
         self.epochs.append(metrics)

@@ -3,6 +3,13 @@
 Every hook is keyword-only: implement it with the argument names you need,
 in any order, and ignore the rest; new arguments can be added without
 breaking existing plugins.
+
+An implementation that raises is named: the caller gets a
+:class:`~neuroflow.errors.PluginHookError` saying which plugin (and
+distribution) raised in which hook, chained to the original exception, and
+``neuroflow plugins`` shows the plugin as failed for the rest of the
+process. A plugin cannot take a name (an op, a backend...) that the core or
+another installed distribution already provides: it is refused and listed.
 """
 
 from __future__ import annotations
@@ -45,7 +52,14 @@ def neuroflow_epoch_end(trainer: Any, epoch: int, metrics: dict[str, float]) -> 
 
 @hookspec
 def neuroflow_train_end(trainer: Any, history: list[dict[str, float]]) -> None:
-    """Called once when ``Trainer.fit`` finishes or stops, with the per-epoch history."""
+    """Called once when ``Trainer.fit`` finishes or stops, with the per-epoch history.
+
+    It cannot change how the run ends: if it raises after training
+    succeeded, ``fit`` still returns the History, warns
+    (:class:`~neuroflow.errors.PluginWarning`) and keeps the error in
+    ``history.hook_errors``; if training failed, ``fit`` raises the
+    training error, with the hook's error added as a note.
+    """
 
 
 @hookspec(firstresult=True)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from contextvars import ContextVar, Token
 from types import TracebackType
 
 import numpy as np
 
 _generator = np.random.default_rng(0)
+#: The generator of the innermost :func:`using_generator` block of this thread (context), None outside any.
+_stand_in: ContextVar[np.random.Generator | None] = ContextVar("neuroflow_generator", default=None)
 
 
 def manual_seed(seed: int) -> None:
@@ -17,21 +20,21 @@ def manual_seed(seed: int) -> None:
 
 
 def generator() -> np.random.Generator:
-    """The process-wide generator (seeded with 0 until ``manual_seed`` is called)."""
-    return _generator
+    """The process-wide generator (seeded with 0 until ``manual_seed`` is called), or this thread's stand-in."""
+    stand_in = _stand_in.get()
+    return _generator if stand_in is None else stand_in
 
 
 def child_seed() -> int:
     """A fresh seed for a component that keeps its own generator (Dropout, DataLoader)."""
-    return int(_generator.integers(0, 2**63 - 1))
+    return int(generator().integers(0, 2**63 - 1))
 
 
 def using_generator(gen: np.random.Generator) -> AbstractContextManager[np.random.Generator]:
-    """Within the block, :func:`generator` returns ``gen``; the process generator comes back after, also on an error.
+    """Within the block, :func:`generator` returns ``gen`` in this thread; the process generator comes back after.
 
     ``gen`` is anything with ``numpy.random.Generator``'s methods (the checkpoint loader's stand-in, which
-    refuses hostile allocations). Not thread-safe: another thread drawing from the process generator
-    meanwhile draws from ``gen``.
+    refuses hostile allocations). Other threads keep drawing from the process generator meanwhile.
     """
     return _UsingGenerator(gen)
 
@@ -42,15 +45,14 @@ class _UsingGenerator:
 
     def __init__(self, gen: np.random.Generator) -> None:
         self.gen = gen
-        self.saved: np.random.Generator | None = None
+        self.token: Token[np.random.Generator | None] | None = None
 
     def __enter__(self) -> np.random.Generator:
-        global _generator
-        self.saved, _generator = _generator, self.gen
+        self.token = _stand_in.set(self.gen)
         return self.gen
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
-        global _generator
-        if self.saved is not None:
-            _generator, self.saved = self.saved, None
+        if self.token is not None:
+            _stand_in.reset(self.token)
+            self.token = None

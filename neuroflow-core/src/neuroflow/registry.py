@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import warnings
 from importlib import metadata
 from typing import Any
 
-from neuroflow.errors import PluginLoadError, UnknownNameError
+from neuroflow.errors import PluginLoadError, PluginWarning, UnknownNameError
 
 CORE_DISTRIBUTION = "neuroflow-core"
 
@@ -43,19 +44,42 @@ class Registry:
         self._entry_points: dict[str, metadata.EntryPoint] | None = None
         self._loaded: dict[str, Any] = {}
         self._local: dict[str, Any] = {}
+        self._errors: dict[str, PluginLoadError] = {}
         self.failures: dict[str, str] = {}
+        #: name -> the distributions refused it because another provides it (see :meth:`_discover`)
+        self.conflicts: dict[str, list[str]] = {}
 
     def _discover(self) -> dict[str, metadata.EntryPoint]:
+        """Each name's entry point; a name two distributions declare goes to the first provider: the core,
+        then the distribution :data:`KNOWN_PROVIDERS` names for it, then the others by name. The rest are
+        refused, recorded in :attr:`conflicts` and warned about, so installing a distribution can never
+        replace (or break) a name another one provides."""
         if self._entry_points is None:
-            found: dict[str, metadata.EntryPoint] = {}
             disabled = autoload_disabled()
+            declared: dict[str, list[metadata.EntryPoint]] = {}
             for ep in metadata.entry_points(group=self.group):
-                dist = ep.dist.name if ep.dist is not None else None
-                if disabled and dist != CORE_DISTRIBUTION:
+                if disabled and _dist(ep) != CORE_DISTRIBUTION:
                     continue
-                found.setdefault(ep.name, ep)
+                declared.setdefault(ep.name, []).append(ep)
+            found: dict[str, metadata.EntryPoint] = {}
+            self.conflicts = {}
+            for name, eps in declared.items():
+                eps.sort(key=lambda ep: self._precedence(name, ep))
+                found[name] = eps[0]
+                keeper = _dist(eps[0])
+                refused = sorted({_dist(ep) for ep in eps} - {keeper})  # one distribution seen twice is no conflict
+                if refused:
+                    self.conflicts[name] = refused
+                    warnings.warn(f"{self.kind} {name!r} of {', '.join(refused)} is refused: {keeper} already "
+                                  f"provides it (uninstall one; `neuroflow plugins` lists the conflicts)",
+                                  PluginWarning, stacklevel=2)
             self._entry_points = found
         return self._entry_points
+
+    def _precedence(self, name: str, ep: metadata.EntryPoint) -> tuple[int, str]:
+        dist = _dist(ep)
+        rank = 0 if dist == CORE_DISTRIBUTION else 1 if dist == self.provider(name) else 2
+        return rank, dist
 
     def register(self, name: str, obj: Any) -> None:
         """Add an entry at run time (tests, notebooks); it shadows an entry point of the same name."""
@@ -73,6 +97,7 @@ class Registry:
         return sorted(set(self._discover()) | set(self._local))
 
     def distribution(self, name: str) -> str | None:
+        """The distribution whose entry point provides ``name``; None for a name registered at run time."""
         ep = self._discover().get(name)
         return ep.dist.name if ep is not None and ep.dist is not None else None
 
@@ -94,14 +119,15 @@ class Registry:
             provider = self.provider(name)
             available = [n for n in self.names() if n not in self.failures]
             raise UnknownNameError(self.kind, name, available, provider)
+        if name in self._errors:  # imported once: a module that failed is not run again
+            raise self._errors[name]
         try:
             obj = ep.load()
-        except Exception as exc:  # a broken plugin must not break the caller's import
-            dist = ep.dist.name if ep.dist is not None else "?"
+        except (Exception, SystemExit) as exc:  # a broken plugin (one calling sys.exit too) must not break the caller
             self.failures[name] = f"{type(exc).__name__}: {exc}"
-            raise PluginLoadError(
-                f"{self.kind} {name!r} from {dist} failed to load: {type(exc).__name__}: {exc}"
-            ) from exc
+            error = PluginLoadError(f"{self.kind} {name!r} from {_dist(ep)} failed to load: {type(exc).__name__}: {exc}")
+            self._errors[name] = error
+            raise error from exc
         self._loaded[name] = obj
         return obj
 
@@ -119,7 +145,13 @@ class Registry:
         """Forget discovered and loaded entries (tests that fake entry points call this)."""
         self._entry_points = None
         self._loaded.clear()
+        self._errors.clear()
         self.failures.clear()
+        self.conflicts.clear()
+
+
+def _dist(ep: metadata.EntryPoint) -> str:
+    return ep.dist.name if ep.dist is not None else "?"
 
 
 backends = Registry("neuroflow_backends", "backend")

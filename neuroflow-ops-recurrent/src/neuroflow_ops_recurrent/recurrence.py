@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from neuroflow import random
+from neuroflow.backends.reductions import sum_rows
 from neuroflow.errors import ShapeError
 from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow.tensor import Tensor
@@ -190,11 +191,11 @@ class RecurrentLayer(Operator):
             self.accumulate_grad(w_hh, g)
         if self.has_bias:
             g = self.buffer("g_bias", self.bias_ih_l0.shape, u.dtype)
-            xp.sum(d_ih, axis=(0, 1), out=g)
+            sum_rows(xp, d_ih2, out=g)  # over batch·time rows, blocked: float32 keeps its digits
             self.accumulate_grad(self.bias_ih_l0, g)
             if not (len(d_hh_parts) == 1 and d_hh_parts[0][1] is d_ih):
                 for rows, part in d_hh_parts:
-                    xp.sum(part, axis=(0, 1), out=g[rows])
+                    sum_rows(xp, part.reshape(batch * time, -1), out=g[rows])
             self.accumulate_grad(self.bias_hh_l0, g)
         if not self.needs_input_grad:
             return None

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from neuroflow import random
+from neuroflow.backends.reductions import sum_rows
 from neuroflow.errors import ShapeError
 from neuroflow.tensor import Tensor
 from neuroflow_ops_recurrent import wavelet
@@ -178,12 +179,12 @@ class WaveletElman(Elman):
         xp = self.xp
         g = self.buffer("g_activation", (self.hidden_size,), d_pre.dtype)
         # u = (a − b)/d, so ∂L/∂b = −Σ ∂L/∂a and ∂L/∂d = −Σ ∂L/∂a · u.
-        xp.sum(d_pre, axis=(0, 1), out=g)
+        sum_rows(xp, d_pre.reshape(-1, self.hidden_size), out=g)  # over batch·time rows, blocked
         xp.negative(g, out=g)
         self.accumulate_grad(self.translation, g)
         scaled = self._scaled
         scaled *= d_pre
-        xp.sum(scaled, axis=(0, 1), out=g)
+        sum_rows(xp, scaled.reshape(-1, self.hidden_size), out=g)
         xp.negative(g, out=g)
         self.accumulate_grad(self.dilation, g)
 

@@ -11,9 +11,18 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow.layout_pass import LayoutOptions
 from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow_ops_vision.conv import Conv2d
-from neuroflow_ops_vision.layout import check_declared_shape, check_feature_map, check_grad, check_layout
+from neuroflow_ops_vision.layout import (
+    SAME_LAYOUT,
+    LayoutSwitch,
+    check_declared_shape,
+    check_feature_map,
+    check_grad,
+    check_layout,
+    layout_options,
+)
 from neuroflow_ops_vision.workspace import Workspace
 
 
@@ -96,6 +105,12 @@ class SqueezeExcite(Operator):
         check_declared_shape(self, shape, self.channels, self.layout)
         n = shape[0]
         return MemoryDeclaration(shape, cached=[shape, (n, self.channels), (n, self.squeeze_channels)])
+
+    def layout_options(self) -> LayoutOptions:  # see neuroflow.layout_pass; the gate path is NHWC either way
+        return layout_options((self.layout, self.layout), SAME_LAYOUT)
+
+    def with_layout(self, input_layout: str, output_layout: str) -> LayoutSwitch:
+        return LayoutSwitch(self, layout=input_layout)
 
     def get_config(self) -> dict[str, Any]:
         return {"channels": self.channels, "reduction": self.reduction,

@@ -15,11 +15,20 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow.backends.reductions import dot_channels, dot_rows, sum_channels, sum_rows
 from neuroflow.errors import ShapeError
+from neuroflow.layout_pass import LayoutOptions
 from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow.tensor import Tensor
-from neuroflow_ops_vision.layout import check_declared_shape, check_feature_map, check_grad, check_layout
-from neuroflow_ops_vision.reduce import sum_channels, sum_rows
+from neuroflow_ops_vision.layout import (
+    SAME_LAYOUT,
+    LayoutSwitch,
+    check_declared_shape,
+    check_feature_map,
+    check_grad,
+    check_layout,
+    layout_options,
+)
 from neuroflow_ops_vision.workspace import Workspace
 
 
@@ -88,11 +97,12 @@ class BatchNorm2d(Operator):
         return v if self.layout == "NHWC" else v[:, None]
 
     def _sum(self, a2: Any) -> Any:
+        """Per-channel Σ a, blocked (:mod:`neuroflow.backends.reductions`): float32 keeps its digits over N·H·W."""
         return sum_rows(self.xp, a2) if self.layout == "NHWC" else sum_channels(self.xp, a2)
 
     def _dot(self, a2: Any, b2: Any) -> Any:
-        """Per-channel Σ a·b in one pass, without a temporary."""
-        return self.xp.einsum("mc,mc->c" if self.layout == "NHWC" else "ncs,ncs->c", a2, b2)
+        """Per-channel Σ a·b in one pass, without a temporary, blocked as :meth:`_sum`."""
+        return dot_rows(self.xp, a2, b2) if self.layout == "NHWC" else dot_channels(self.xp, a2, b2)
 
     # ------------------------------------------------------------------ computation
     def forward(self, x: Any, out: Any = None) -> Any:
@@ -136,7 +146,7 @@ class BatchNorm2d(Operator):
         return out
 
     def _batch_statistics(self, x2: Any, spare: Any, count: int) -> tuple[Any, Any]:
-        """Per-channel mean and biased variance: one GEMV and one einsum over ``x2``.
+        """Per-channel mean and biased variance: one pass for Σx and one for Σx² over ``x2``.
 
         var = E[x²] − mean² loses digits when the mean dwarfs the spread; channels
         where it does get the two-pass variance of the centred values (written
@@ -204,6 +214,12 @@ class BatchNorm2d(Operator):
         cached = [shape, shape] if self.activation else [shape]
         workspace = [shape, shape] if self.activation else [shape]
         return MemoryDeclaration(shape, cached=cached, workspace=workspace)
+
+    def layout_options(self) -> LayoutOptions:  # see neuroflow.layout_pass
+        return layout_options((self.layout, self.layout), SAME_LAYOUT)
+
+    def with_layout(self, input_layout: str, output_layout: str) -> LayoutSwitch:
+        return LayoutSwitch(self, layout=input_layout)
 
     def get_config(self) -> dict[str, Any]:
         return {

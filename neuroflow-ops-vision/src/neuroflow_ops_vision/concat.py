@@ -6,8 +6,16 @@ from typing import Any
 
 from neuroflow.composites import Concat
 from neuroflow.errors import ShapeError
+from neuroflow.layout_pass import LayoutOptions
 from neuroflow.operator import Operator
-from neuroflow_ops_vision.layout import channel_axis, check_feature_map, check_layout
+from neuroflow_ops_vision.layout import (
+    SAME_LAYOUT,
+    LayoutSwitch,
+    channel_axis,
+    check_feature_map,
+    check_layout,
+    layout_options,
+)
 
 
 class ChannelConcat(Concat):
@@ -36,6 +44,13 @@ class ChannelConcat(Concat):
                     f"branch 0 gives {shapes[0]}; all must agree outside the channel axis"
                 )
         return super().memory_declaration(input_shape)
+
+    def layout_options(self) -> LayoutOptions:
+        """Either layout, the branches planned in the same (see neuroflow.layout_pass)."""
+        return layout_options((self.layout, self.layout), SAME_LAYOUT, branches=tuple(self.branches))
+
+    def with_layout(self, input_layout: str, output_layout: str) -> LayoutSwitch:
+        return LayoutSwitch(self, layout=input_layout, axis=channel_axis(input_layout))
 
     def get_config(self) -> dict[str, Any]:
         return {"layout": self.layout}

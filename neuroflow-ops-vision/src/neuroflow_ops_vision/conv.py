@@ -3,7 +3,8 @@
 Every convolution computes in NHWC: grouped and dense ones as im2col + GEMM
 (``conv_gemm``), depthwise ones as a loop over taps (``conv_depthwise``).
 With ``layout="NCHW"`` (the default, as in PyTorch) an op permutes its input
-and output; models avoid that by running in NHWC after one ConvertLayout.
+and output; under a Trainer, :mod:`neuroflow.layout_pass` runs a chain of
+them in NHWC instead, the first reading NCHW and the last writing it.
 DepthwiseConv2d and SeparableConv2d are in :mod:`neuroflow_ops_vision.separable`.
 """
 
@@ -15,19 +16,23 @@ from typing import Any
 import numpy as np
 
 from neuroflow import random
+from neuroflow.backends.reductions import sum_rows
+from neuroflow.layout_pass import LayoutOptions
 from neuroflow.operator import MemoryDeclaration
 from neuroflow.tensor import Tensor
 from neuroflow_ops_vision import conv_depthwise, conv_gemm
 from neuroflow_ops_vision.layout import (
+    ANY_LAYOUTS,
     ChannelsLastOperator,
+    LayoutSwitch,
     check_declared_shape,
     check_feature_map,
     check_grad,
     check_layout,
     from_nhwc_shape,
+    layout_options,
     nhwc_shape,
 )
-from neuroflow_ops_vision.reduce import sum_rows
 from neuroflow_ops_vision.windows import Geometry, check_fits, pair, pair_text
 from neuroflow_ops_vision.workspace import Workspace
 
@@ -47,9 +52,10 @@ class Conv2d(ChannelsLastOperator):
 
     ``layout`` is the layout of the arrays the op is handed ("NCHW" or
     "NHWC") and ``output_layout`` (default: the same) that of its output;
-    computation is always NHWC, so a model's first convolution with
-    ``layout="NCHW", output_layout="NHWC"`` takes PyTorch-style batches and
-    leaves every later layer in NHWC. ``max_workspace_bytes`` bounds the
+    computation is always NHWC. Under a Trainer the layout pass chooses both
+    for the NCHW model a user writes (the first convolution of a chain reads
+    NCHW and writes NHWC, and so on); an NHWC layout given here is a hint it
+    leaves as it is. ``max_workspace_bytes`` bounds the
     im2col columns and their companions (padded input and, for a strided
     sweep, one tap's product): the batch is processed in the fewest chunks
     that fit, of even size (at least one sample per chunk); None processes
@@ -257,7 +263,8 @@ class Conv2d(ChannelsLastOperator):
         if self._depthwise:
             if ph or pw:
                 workspace.append((n, h + 2 * ph, w + 2 * pw, c))
-            workspace += [out_nhwc, (n, out_hw[0], out_hw[1], c)]
+            # the last: the weight gradient's per-pixel sums over the batch
+            workspace += [out_nhwc, (n, out_hw[0], out_hw[1], c), (out_hw[0], out_hw[1], self.out_channels)]
         elif not self.geometry.pointwise:
             chunk = self.chunk_size((n, h, w, c))
             if ph or pw:
@@ -278,6 +285,15 @@ class Conv2d(ChannelsLastOperator):
         if self.layout == "NCHW":
             workspace.append((n, h, w, c))  # permuted input gradient
         return MemoryDeclaration(from_nhwc_shape(out_nhwc, self.output_layout), cached=cached, workspace=workspace)
+
+    # ------------------------------------------------------------------ layouts (neuroflow.layout_pass)
+    def layout_options(self) -> LayoutOptions:
+        """Any layout in, any out: an NCHW side is permuted here, so the pass lets a chain's first convolution
+        read NCHW and its last write NCHW instead of converting beside them."""
+        return layout_options((self.layout, self.output_layout), ANY_LAYOUTS, permutes=True)
+
+    def with_layout(self, input_layout: str, output_layout: str) -> LayoutSwitch:
+        return LayoutSwitch(self, layout=input_layout, output_layout=output_layout)
 
     # ------------------------------------------------------------------ description
     def get_config(self) -> dict[str, Any]:

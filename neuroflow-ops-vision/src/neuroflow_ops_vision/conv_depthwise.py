@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from neuroflow.backends.reductions import sum_rows
 from neuroflow_ops_vision.conv_gemm import padded_shape
 from neuroflow_ops_vision.windows import Geometry, pad_into
 from neuroflow_ops_vision.workspace import Workspace
@@ -48,12 +49,15 @@ def backward(ws: Workspace, x: Any, grad: Any, w4: Any, gw4: Any | None, gx: Any
     g = grad if m == 1 else grad.reshape(n, ho, wo, c, m)
     if gw4 is not None:
         xpad = _padded(ws, x, geo)
+        # Each tap's Σ over N·Ho·Wo: over the batch per pixel, then over the pixels blocked (float32 keeps its digits).
+        per_pixel = ws("depthwise.gw_pixel", (ho, wo, c) if m == 1 else (ho, wo, c, m), grad.dtype)
         for i, j in geo.taps():
             window = xpad[:, geo.rows(i, ho), geo.cols(j, wo), :]
             if m == 1:
-                gw4[:, 0, i, j] = xp.einsum("nhwc,nhwc->c", window, g)
+                xp.einsum("nhwc,nhwc->hwc", window, g, out=per_pixel)
             else:
-                gw4[:, :, i, j] = xp.einsum("nhwc,nhwcm->cm", window, g)
+                xp.einsum("nhwc,nhwcm->hwcm", window, g, out=per_pixel)
+            gw4[:, :, i, j] = sum_rows(xp, per_pixel.reshape(ho * wo, c * m)).reshape(c, m)
     if gx is None:
         return
     gx[...] = 0

@@ -1,16 +1,21 @@
-"""Feature-map layouts (NCHW, NHWC), input checks for 4-d ops, and ConvertLayout.
+"""Feature-map layouts (NCHW, NHWC), input checks for 4-d ops, ConvertLayout, and the layout pass's protocol.
 
 Users hand ops NCHW arrays, as in PyTorch, or NHWC through ``layout="NHWC"``.
 Convolution computes in NHWC (channels contiguous: im2col is a strided copy
-and one GEMM); the model builders therefore run every layer in NHWC and put a
-single :class:`ConvertLayout` at the model's input.
+and one GEMM). Under a Trainer, :mod:`neuroflow.layout_pass` runs a chain of
+these ops in NHWC between one conversion at its entry and one at its exit;
+the ops tell it how through :func:`layout_options` and :class:`LayoutSwitch`.
+A layout the user gives as NHWC is a hint the pass leaves alone; NCHW,
+PyTorch's and the default, leaves the internal layout to the runtime.
 """
 
 from __future__ import annotations
 
+from types import TracebackType
 from typing import Any
 
 from neuroflow.errors import ShapeError
+from neuroflow.layout_pass import LayoutOptions
 from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow_ops_vision.workspace import Workspace
 
@@ -90,11 +95,13 @@ def permute_into(xp: Any, src: Any, axes: tuple[int, ...], out: Any) -> Any:
 class ConvertLayout(Operator):
     """Permutes a feature map between NCHW and NHWC; backward permutes the gradient back.
 
-    Model builders put one of these at the input (``ConvertLayout("NCHW",
-    "NHWC")``) so users keep passing NCHW batches while every layer runs in
-    the faster NHWC layout. With one channel the two layouts share memory and
-    the conversion is a free reshape.
+    The layout pass puts one of these where a chain of NHWC layers starts or
+    ends and no layer there converts by itself. With one channel the two
+    layouts share memory and the conversion is a free reshape.
     """
+
+    backward_reads_input = False  # a permutation: backward needs the shape alone
+    backward_reads_output = False
 
     def __init__(self, source: str = "NCHW", target: str = "NHWC") -> None:
         super().__init__()
@@ -191,3 +198,43 @@ class ChannelsLastOperator(Operator):
         if a.shape[3] == 1:
             return a.reshape(shape)
         return permute_into(self.xp, a, TO_NCHW, self.buffer(key, shape, a.dtype))
+
+
+#: The layout vision's ops compute fastest in, on every backend: a convolution computes in NHWC wherever it runs (an
+#: NCHW one permutes its input and output), and pooling and BatchNorm read channels contiguously there.
+PREFERRED_LAYOUT = "NHWC"
+#: The (input, output) layouts of an op that computes in either, the same on both sides.
+SAME_LAYOUT = tuple((layout, layout) for layout in LAYOUTS)
+#: ... of an op that permutes each side for itself (a convolution).
+ANY_LAYOUTS = tuple((source, target) for source in LAYOUTS for target in LAYOUTS)
+
+
+def layout_options(written: tuple[str | None, str | None], pairs: tuple[tuple[str | None, str | None], ...],
+                   permutes: bool = False, branches: tuple[Operator, ...] = ()) -> LayoutOptions:
+    """What a vision op tells :mod:`neuroflow.layout_pass`: the ``pairs`` it may run with, or only ``written`` when
+    a side was given as NHWC (the user's hint). An op that ``permutes`` an NCHW side into NHWC and back costs a
+    conversion per such side; one that computes natively in both layouts, half of one."""
+    hinted = "NHWC" in written
+    return LayoutOptions(written=written, pairs=(written,) if hinted else pairs, preferred=PREFERRED_LAYOUT,
+                         penalty=1.0 if permutes else 0.5, convert=ConvertLayout, layouts=LAYOUTS, branches=branches)
+
+
+class LayoutSwitch:
+    """``op`` with other values of its layout attributes for the length of a ``with`` block (one call).
+
+    What an op's ``with_layout(input_layout, output_layout)`` returns: the layout pass runs each call of the
+    op under it, and the op has the layouts it was written with again after.
+    """
+
+    def __init__(self, op: Operator, **values: Any) -> None:
+        self.op, self.values = op, values
+        self.saved: dict[str, Any] = {}
+
+    def __enter__(self) -> None:
+        for name, value in self.values.items():
+            self.saved[name] = getattr(self.op, name)
+            object.__setattr__(self.op, name, value)
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        for name, value in self.saved.items():
+            object.__setattr__(self.op, name, value)

@@ -13,8 +13,19 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow.backends.reductions import sum_last, sum_rows
+from neuroflow.layout_pass import LayoutOptions
 from neuroflow.operator import MemoryDeclaration, Operator
-from neuroflow_ops_vision.layout import check_declared_shape, check_feature_map, check_grad, check_layout
+from neuroflow_ops_vision.layout import (
+    LAYOUTS,
+    SAME_LAYOUT,
+    LayoutSwitch,
+    check_declared_shape,
+    check_feature_map,
+    check_grad,
+    check_layout,
+    layout_options,
+)
 from neuroflow_ops_vision.windows import Geometry, check_fits, pad_into, pair, pair_text, spatial_index, spatial_shape
 from neuroflow_ops_vision.workspace import Workspace
 
@@ -97,6 +108,12 @@ class _WindowPool(Operator):
         check_declared_shape(self, shape, None, self.layout)
         out = self._out_shape(shape)
         return MemoryDeclaration(out, cached=[out], workspace=[shape, out, out])
+
+    def layout_options(self) -> LayoutOptions:
+        return layout_options((self.layout, self.layout), SAME_LAYOUT)
+
+    def with_layout(self, input_layout: str, output_layout: str) -> LayoutSwitch:
+        return LayoutSwitch(self, layout=input_layout)
 
     def get_config(self) -> dict[str, Any]:
         return {"kernel_size": list(self.kernel_size), "stride": list(self.stride), "padding": list(self.padding),
@@ -290,8 +307,14 @@ class GlobalAvgPool2d(Operator):
         n = x.shape[0]
         c = x.shape[1] if self.layout == "NCHW" else x.shape[3]
         y = self.buffer("y", self._out_shape(tuple(x.shape)), x.dtype)
-        x3 = x.reshape(n, c, -1) if self.layout == "NCHW" else x.reshape(n, -1, c)
-        self.xp.mean(x3, axis=2 if self.layout == "NCHW" else 1, out=y.reshape(n, c))
+        y2 = y.reshape(n, c)
+        # blocked sums (neuroflow.backends.reductions): an NHWC mean runs across rows, which numpy adds in sequence
+        if self.layout == "NCHW":
+            sum_last(self.xp, x.reshape(n, c, -1), out=y2)
+        else:
+            sum_rows(self.xp, x.reshape(n, -1, c), out=y2)
+        h, w = spatial_shape(x.shape, self.layout)
+        y2 *= 1.0 / (h * w)
         self._in_shape = tuple(x.shape)
         return y
 
@@ -312,6 +335,15 @@ class GlobalAvgPool2d(Operator):
         shape = tuple(input_shape)
         check_declared_shape(self, shape, None, self.layout)
         return MemoryDeclaration(self._out_shape(shape))
+
+    def layout_options(self) -> LayoutOptions:
+        """Either layout in; the (N, C) output is no map (the pass ends a chain here without a conversion)."""
+        if self.keepdims:
+            return layout_options((self.layout, self.layout), SAME_LAYOUT)
+        return layout_options((self.layout, None), tuple((layout, None) for layout in LAYOUTS))
+
+    def with_layout(self, input_layout: str, output_layout: str | None) -> LayoutSwitch:
+        return LayoutSwitch(self, layout=input_layout)
 
     def get_config(self) -> dict[str, Any]:
         return {"keepdims": self.keepdims, "layout": self.layout}

@@ -12,14 +12,18 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow.layout_pass import LayoutOptions
 from neuroflow.operator import MemoryDeclaration
 from neuroflow_ops_vision.conv import Conv2d, check_positive
 from neuroflow_ops_vision.layout import (
+    SAME_LAYOUT,
     ChannelsLastOperator,
+    LayoutSwitch,
     check_declared_shape,
     check_feature_map,
     check_layout,
     from_nhwc_shape,
+    layout_options,
     nhwc_shape,
 )
 from neuroflow_ops_vision.workspace import Workspace
@@ -113,6 +117,12 @@ class SeparableConv2d(ChannelsLastOperator):
         nhwc = nhwc_shape(shape, self.layout)
         out = self.pointwise.output_shape(self.depthwise.output_shape(nhwc))
         return MemoryDeclaration(from_nhwc_shape(out, self.layout))
+
+    def layout_options(self) -> LayoutOptions:
+        return layout_options((self.layout, self.layout), SAME_LAYOUT, permutes=True)
+
+    def with_layout(self, input_layout: str, output_layout: str) -> LayoutSwitch:
+        return LayoutSwitch(self, layout=input_layout)
 
     def get_config(self) -> dict[str, Any]:
         d = self.depthwise

@@ -14,8 +14,17 @@ from typing import Any
 import numpy as np
 
 from neuroflow.errors import ShapeError
+from neuroflow.layout_pass import LayoutOptions
 from neuroflow.operator import MemoryDeclaration, Operator
-from neuroflow_ops_vision.layout import check_declared_shape, check_feature_map, check_grad, check_layout
+from neuroflow_ops_vision.layout import (
+    SAME_LAYOUT,
+    LayoutSwitch,
+    check_declared_shape,
+    check_feature_map,
+    check_grad,
+    check_layout,
+    layout_options,
+)
 from neuroflow_ops_vision.windows import spatial_shape
 from neuroflow_ops_vision.workspace import Workspace
 
@@ -174,6 +183,12 @@ class Upsample(Operator):
         check_declared_shape(self, shape, None, self.layout)
         out = self._out_shape(shape)
         return MemoryDeclaration(out, cached=[], workspace=[out])
+
+    def layout_options(self) -> LayoutOptions:  # see neuroflow.layout_pass
+        return layout_options((self.layout, self.layout), SAME_LAYOUT)
+
+    def with_layout(self, input_layout: str, output_layout: str) -> LayoutSwitch:
+        return LayoutSwitch(self, layout=input_layout)
 
     def get_config(self) -> dict[str, Any]:
         return {"scale_factor": None if self.scale_factor is None else list(self.scale_factor),

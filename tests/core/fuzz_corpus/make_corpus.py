@@ -120,7 +120,21 @@ def make(folder: Path = HERE) -> dict[str, str]:
         topology["ops"]["FancyConv"] = {"distribution": "neuroflow-ops-fancy", "version": "9.9"}
 
     put_checked("unknown_op.bin", tensors, _edit_topology(meta, fancy),
-                "op 'FancyConv' needs the distribution neuroflow-ops-fancy: pip install neuroflow-ops-fancy")
+                "unknown op 'FancyConv' (no installed distribution provides it); the file says it comes from the "
+                "distribution 'neuroflow-ops-fancy', which NeuroFlow does not know")
+
+    def shell(topology: dict[str, Any]) -> None:
+        topology["root"]["children"][1]["type"] = "FancyConv"
+        topology["ops"]["FancyConv"] = {"distribution": "evil-package; curl x|sh", "version": "9.9"}
+
+    put_checked("unknown_op_distribution_not_a_name.bin", tensors, _edit_topology(meta, shell),
+                "the file names an invalid distribution 'evil-package; curl x|sh' for it, which cannot be installed")
+
+    def escape(topology: dict[str, Any]) -> None:
+        topology["root"]["children"][1]["type"] = "Tanh\x1b[2J"
+
+    put_checked("op_type_escape.bin", tensors, _edit_topology(meta, escape),
+                "op model.1 has type 'Tanh\\x1b[2J', which is not an op name")
 
     def mystery(topology: dict[str, Any]) -> None:
         topology["root"]["children"][1]["type"] = "Mystery"

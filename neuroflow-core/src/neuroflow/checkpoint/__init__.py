@@ -1,6 +1,7 @@
 """Model files and training checkpoints: safetensors, no pickle, rebuilt through the op registry."""
 
 from neuroflow.checkpoint.errors import CheckpointError
+from neuroflow.checkpoint.lock import DirectoryLockedError
 from neuroflow.checkpoint.model_file import ModelFile, SaveReport, load, open_model_file, quantization_of, save
 from neuroflow.checkpoint.quantize import QuantizationReport, TensorQuantization
 from neuroflow.checkpoint.state_dict_file import LoadedKeys, load_state_dict_file
@@ -14,7 +15,7 @@ from neuroflow.checkpoint.training import (
 )
 
 __all__ = [
-    "CheckpointError", "LoadedKeys", "ModelFile", "QuantizationReport", "ResumeInfo", "SaveReport",
+    "CheckpointError", "DirectoryLockedError", "LoadedKeys", "ModelFile", "QuantizationReport", "ResumeInfo", "SaveReport",
     "TensorQuantization", "latest_checkpoint", "list_checkpoints", "load", "load_state_dict_file",
     "load_training_checkpoint", "open_model_file", "quantization_of", "register_children", "save", "save_training_checkpoint",
 ]

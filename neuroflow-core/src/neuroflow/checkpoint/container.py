@@ -15,6 +15,7 @@ import json
 import math
 import operator
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -95,10 +96,45 @@ def read_header(path: str | os.PathLike[str], max_header_bytes: int = MAX_HEADER
     """
     file = Path(path)
     try:
-        with open(file, "rb", buffering=0) as handle:
+        with open_regular(file) as handle:
             return read_header_from(handle, file, max_header_bytes)
     except OSError as exc:
         raise CheckpointError(f"cannot read {file}: {exc}") from exc
+
+
+#: What a path that is no regular file is, by the first test of its mode that holds.
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+#: Opening never waits: a FIFO without a writer would block ``open`` until one came.
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+
+
+def open_regular(file: Path) -> io.FileIO:
+    """``file`` opened for unbuffered reading; CheckpointError unless it is a regular file.
+
+    A FIFO, a device, a socket or a directory would hang the reader or feed it
+    without end, so the path is checked before it is opened, and what was
+    opened (without waiting, in case the path was replaced meanwhile) is
+    checked again. Raises OSError when the file cannot be opened at all.
+    """
+    _check_regular(file, os.stat(file).st_mode)
+    descriptor = os.open(file, _OPEN_FLAGS)
+    try:
+        _check_regular(file, os.fstat(descriptor).st_mode)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return io.FileIO(descriptor, "rb", closefd=True)
+
+
+def _check_regular(file: Path, mode: int) -> None:
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in _KINDS if test(mode)), "no regular file")
+    raise CheckpointError(
+        f"{file} is {kind}, not a regular file; a model file or checkpoint is read from a regular file "
+        "(written by nf.save or a Trainer): copy a stream into a file first"
+    )
 
 
 def read_header_from(handle: io.RawIOBase, file: Path, max_header_bytes: int = MAX_HEADER_BYTES) -> Header:

@@ -29,7 +29,7 @@ from neuroflow.backends.selection import get_backend
 from neuroflow.checkpoint import container, topology
 from neuroflow.checkpoint.checksums import ALGORITHM, metadata_checksum, tensor_checksum
 from neuroflow.checkpoint.container import FLOAT_CODES, Header, TensorEntry
-from neuroflow.checkpoint.errors import CheckpointError, few
+from neuroflow.checkpoint.errors import CheckpointError, few, printable
 from neuroflow.checkpoint.quantize import SCHEME, QuantizationReport, quantize_weights, scale_name
 from neuroflow.checkpoint.reading import Verification, open_file, read_weights
 from neuroflow.operator import Operator
@@ -317,4 +317,4 @@ def read_checked(handle: io.RawIOBase, entry: TensorEntry, opened: ModelFile) ->
 
 def _verify(entry: TensorEntry, array: np.ndarray, opened: ModelFile) -> None:
     if tensor_checksum(entry.name, entry.code, entry.shape, array) != opened.checksums.get(entry.name):
-        raise CheckpointError(f"{opened.source}: tensor {entry.name} fails its checksum; the file is corrupt")
+        raise CheckpointError(f"{opened.source}: tensor {printable(entry.name)} fails its checksum; the file is corrupt")

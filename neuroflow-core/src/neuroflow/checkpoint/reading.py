@@ -63,17 +63,18 @@ class FileContent:
 def open_file(path: str | os.PathLike[str], mmap: bool = True) -> tuple[Header, FileContent]:
     """The checked header of the safetensors file at ``path`` and its tensor bytes.
 
+    Only a regular file is opened (see :func:`container.open_regular <neuroflow.checkpoint.container.open_regular>`).
     With ``mmap`` the file is mapped copy-on-write where the OS can (else, or
     when mapping fails, read). A read file's header is checked before its
     data is read, so a file that is no safetensors file costs its first bytes only.
     """
     file = path if isinstance(path, Path) else Path(path)
     try:
-        mapping = _map(file) if mmap else None
-        if mapping is not None:
-            data = np.frombuffer(mapping, np.uint8)
-            return container.parse_header(file, memoryview(mapping)), FileContent(data, 0, True)
-        with open(file, "rb", buffering=0) as handle:
+        with container.open_regular(file) as handle:
+            mapping = _map(handle.fileno()) if mmap else None
+            if mapping is not None:
+                data = np.frombuffer(mapping, np.uint8)
+                return container.parse_header(file, memoryview(mapping)), FileContent(data, 0, True)
             header = container.read_header_from(handle, file)
             data = np.empty(header.file_size - header.data_start, np.uint8)
             _read_fully(handle, data.data, file)
@@ -82,17 +83,14 @@ def open_file(path: str | os.PathLike[str], mmap: bool = True) -> tuple[Header, 
         raise CheckpointError(f"cannot read {file}: {exc}") from exc
 
 
-def _map(file: Path) -> mmap_module.mmap | None:
-    """A private (copy-on-write) mapping of the whole file, or None where there is none to be had."""
+def _map(descriptor: int) -> mmap_module.mmap | None:
+    """A private (copy-on-write) mapping of the whole open file, or None where there is none to be had."""
     if not hasattr(mmap_module, "MAP_PRIVATE"):  # Windows would lock the file
         return None
-    descriptor = os.open(file, os.O_RDONLY)  # no file object: the mapping is all that is wanted of it
     try:
         return mmap_module.mmap(descriptor, 0, access=mmap_module.ACCESS_COPY)  # 0: the whole file, as mmap finds it
-    except (OSError, ValueError):  # e.g. an empty file, a directory, a file system that cannot map, out of mappings
+    except (OSError, ValueError):  # e.g. an empty file, a file system that cannot map, out of mappings
         return None
-    finally:
-        os.close(descriptor)
 
 
 def _read_fully(handle: io.RawIOBase, view: memoryview, file: Path) -> None:

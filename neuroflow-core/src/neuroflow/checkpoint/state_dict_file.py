@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from neuroflow.checkpoint import container
 from neuroflow.checkpoint.container import FLOAT_CODES
-from neuroflow.checkpoint.errors import CheckpointError, few
+from neuroflow.checkpoint.errors import CheckpointError, few, printable
 from neuroflow.operator import Operator
 
 #: PyTorch bookkeeping with no NeuroFlow counterpart; skipped rather than reported as unexpected.
@@ -68,11 +68,15 @@ def load_state_dict_file(
     for name in matched:
         entry, tensor = by_name[name], own[name]
         if entry.shape != tensor.shape:
-            raise CheckpointError(f"{source}: {entry.name} has shape {entry.shape}; the model's {name} is {tensor.shape}")
+            raise CheckpointError(
+                f"{source}: {printable(entry.name)} has shape {entry.shape}; the model's {name} is {tensor.shape}"
+            )
         if (entry.code in FLOAT_CODES) != (tensor.data.dtype.kind == "f"):
-            raise CheckpointError(f"{source}: {entry.name} is {entry.code}; the model's {name} is {tensor.data.dtype}")
+            raise CheckpointError(
+                f"{source}: {printable(entry.name)} is {entry.code}; the model's {name} is {tensor.data.dtype}"
+            )
     backend = model.backend
-    with open(header.path, "rb", buffering=0) as handle:
+    with container.open_regular(header.path) as handle:
         for name in matched:
             entry, tensor = by_name[name], own[name]
             value = container.read_array(handle, entry)

@@ -18,20 +18,26 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata as importlib_metadata
 from typing import Any, cast
 
 from neuroflow import registry
-from neuroflow.checkpoint.allocation_guard import limit_random_draws
-from neuroflow.checkpoint.errors import CheckpointError
+from neuroflow.checkpoint.allocation_guard import RebuildBudget, limit_allocations
+from neuroflow.checkpoint.errors import CheckpointError, printable
 from neuroflow.composites import Concat, Residual, Sequential
 from neuroflow.errors import NeuroFlowError
 from neuroflow.operator import Operator
 
 MAX_DEPTH = 64
 MAX_NODES = 100_000
+#: What a file may name as an op type: a registry name as the ops' entry points spell them, so that a type
+#: shown in a message cannot carry control characters or terminal escapes.
+OP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,199}")
+#: A distribution name as PEP 508 spells it; a file naming anything else gets no install command shown.
+DISTRIBUTION_NAME = re.compile(r"[A-Z0-9]|[A-Z0-9][A-Z0-9._-]{0,198}[A-Z0-9]", re.IGNORECASE)
 
 Children = Callable[[Operator], Sequence[Operator]]
 Build = Callable[[type[Operator], dict[str, Any], list[Operator]], Operator]
@@ -103,6 +109,11 @@ def describe(model: Operator) -> dict[str, Any]:
 def _node(op: Operator, ops: dict[str, dict[str, str | None]], where: str) -> dict[str, Any]:
     name = registered_name(op, where)
     if name not in ops:
+        if not OP_NAME.fullmatch(name):
+            raise CheckpointError(
+                f"{where} is registered as {name!r}, which a model file cannot name; register the op under a name "
+                "of letters, digits, '_', '.' and '-' that starts with a letter or '_'"
+            )
         dist = registry.ops.distribution(name)
         ops[name] = {"distribution": dist, "version": _version(dist)}
     config = op.get_config()
@@ -200,9 +211,15 @@ def validate(topology: Any, source: str) -> dict[str, Any]:
         count += 1
         if depth > MAX_DEPTH or count > MAX_NODES:
             raise CheckpointError(f"{source}: topology is nested deeper than {MAX_DEPTH} or has over {MAX_NODES} ops")
-        if not isinstance(node.get("type"), str) or not isinstance(node.get("config"), dict):
+        kind = node.get("type")
+        if not isinstance(kind, str) or not isinstance(node.get("config"), dict):
             raise CheckpointError(
                 f"{source}: op {_where(root, node)} needs a string 'type' and an object 'config'; got {node!r:.200}"
+            )
+        if not OP_NAME.fullmatch(kind):
+            raise CheckpointError(
+                f"{source}: op {_where(root, node)} has type {kind!r:.100}, which is not an op name (a letter or '_', "
+                "then letters, digits, '_', '.' or '-'); the file is corrupt or hostile"
             )
         children = node.get("children")
         if children is not None:
@@ -242,11 +259,7 @@ def resolve_op_types(topology: dict[str, Any], source: str) -> dict[str, type[Op
     problems = []
     for name in names:
         if name not in registry.ops:
-            dist = recorded.get(name, {}).get("distribution") or registry.KNOWN_PROVIDERS["neuroflow_ops"].get(name)
-            if isinstance(dist, str) and dist:
-                problems.append(f"op {name!r} needs the distribution {dist}: pip install {dist}")
-            else:
-                problems.append(f"unknown op {name!r} (no installed distribution provides it)")
+            problems.append(_not_installed(name, recorded.get(name, {}).get("distribution")))
             continue
         try:
             cls = registry.ops.get(name)
@@ -262,18 +275,38 @@ def resolve_op_types(topology: dict[str, Any], source: str) -> dict[str, type[Op
     return found
 
 
+def _not_installed(name: str, recorded: Any) -> str:
+    """What to do about op ``name``, which no installed distribution provides, given the distribution the file names.
+
+    Only a provider NeuroFlow knows (:data:`registry.KNOWN_PROVIDERS`) is advice to install; the file's own
+    claim is shown as the file's, and only when it is a distribution name at all.
+    """
+    known = registry.KNOWN_PROVIDERS["neuroflow_ops"].get(name)
+    if known is not None:
+        return f"op {name!r} needs the distribution {known}: pip install {known}"
+    unknown = f"unknown op {name!r} (no installed distribution provides it)"
+    if recorded is None or recorded == "":
+        return unknown
+    if not isinstance(recorded, str) or not DISTRIBUTION_NAME.fullmatch(recorded):
+        return f"{unknown}; the file names an invalid distribution {recorded!r:.100} for it, which cannot be installed"
+    return (f"{unknown}; the file says it comes from the distribution {recorded!r}, which NeuroFlow does not know: "
+            "make sure it is the one you mean before you install it")
+
+
 def build(topology: dict[str, Any], source: str, held_values: int) -> Operator:
     """The model the topology describes, with placeholder parameters that the caller replaces.
 
-    Constructors run with the process generator replaced by a stand-in that
-    refuses draws far beyond the ``held_values`` the file holds, so a topology
-    asking for parameters the file cannot fill is refused before they are
-    allocated (see :mod:`neuroflow.checkpoint.allocation_guard`).
+    Constructors run under one :class:`~neuroflow.checkpoint.allocation_guard.RebuildBudget`
+    for a file of ``held_values`` values: every array numpy makes meanwhile and
+    every random draw is charged to it before it exists, so a topology asking
+    for more than the file could fill is refused, naming the op and the size it
+    asked for, before that memory is allocated (see :mod:`neuroflow.checkpoint.allocation_guard`).
     """
     types = {name: (cls, child_codec(cls)) for name, cls in resolve_op_types(topology, source).items()}
     root = topology["root"]
-    with limit_random_draws(held_values, source):
-        return _Builder(types, topology.get("ops", {}), source, root).build(root)
+    budget = RebuildBudget(held_values)
+    with limit_allocations(budget, source):
+        return _Builder(types, topology.get("ops", {}), source, root, budget).build(root)
 
 
 @dataclass(frozen=True)
@@ -284,6 +317,7 @@ class _Builder:
     recorded: dict[str, Any]
     source: str
     root: dict[str, Any]
+    budget: RebuildBudget
 
     def build(self, node: dict[str, Any]) -> Operator:
         name, config = node["type"], node["config"]
@@ -298,22 +332,29 @@ class _Builder:
             children = [self.build(child) for child in saved_children]
         try:
             op = cls(**config) if codec is None or children is None else codec.build(cls, config, children)
-        except CheckpointError:
-            raise
         except Exception as exc:  # a hostile config can make a constructor raise anything
+            if self.budget.refused is not None:
+                raise self._refused(node) from None
+            if isinstance(exc, CheckpointError):
+                raise
             raise self._failed(node, exc) from None
+        if self.budget.refused is not None:  # the constructor caught the MemoryError itself
+            raise self._refused(node)
         if type(op) is not cls:
             raise CheckpointError(f"{self.source}: op {_where(self.root, node)}: building {name} gave a {type(op).__name__}")
         return op
+
+    def _refused(self, node: dict[str, Any]) -> CheckpointError:
+        return CheckpointError(self.budget.refusal_message(self.source, f"op {_where(self.root, node)} ({node['type']})"))
 
     def _failed(self, node: dict[str, Any], exc: Exception) -> CheckpointError:
         name, config = node["type"], node["config"]
         saved = self.recorded.get(name, {}).get("version")
         installed = _version(registry.ops.distribution(name))
-        versions = f" (saved with version {saved}, installed {installed})" if saved != installed else ""
+        versions = f" (saved with version {saved!r}, installed {installed!r})" if saved != installed else ""
         return CheckpointError(
             f"{self.source}: cannot rebuild op {_where(self.root, node)} ({name}) from config {config!r:.300}{versions}: "
-            f"{type(exc).__name__}: {exc}"
+            f"{type(exc).__name__}: {printable(str(exc))}"
         )
 
 

@@ -5,15 +5,31 @@ opens it too) whose tensors also hold the optimizer state (``optimizer::exp_avg`
 and whose ``training`` metadata holds the step and epoch, the history, the
 trainer's seed, the scheduler, every random generator (the process generator
 and each op's own ``rng``, e.g. Dropout's) and, when given, the DataLoader's
-position. Files are ``ckpt-{step:08d}.safetensors``, written atomically; the
-newest ``keep`` are kept, so a crash during a write leaves the previous ones intact.
+position; the run it belongs to; the epoch in progress (its running loss
+sum, correct predictions and samples seen, so a resumed epoch's History row
+equals the uninterrupted one's); and the verdict on the losses since the
+checkpoint before, which says whether that one is good, with the newest
+good checkpoint so far (the rule is in :mod:`neuroflow.checkpoint.divergence`).
+Files are ``ckpt-{step:08d}.safetensors``,
+written atomically into a directory the run holds
+(:mod:`neuroflow.checkpoint.lock`); each run keeps its newest ``keep`` and
+its newest good one, so neither a crash during a write nor a diverging run
+loses the last good state.
+
+Resuming restores the *state*: weights, optimizer state, step, random
+generators, data position, History. The *configuration* is the resuming
+trainer's: where its optimizer hyperparameters (``lr``, ``weight_decay``...)
+or its scheduler differ from the checkpoint's, a warning names each
+difference and the trainer's values are used from the resumed step on (so
+resuming with a lower ``lr`` works). A different optimizer type, model or
+gradient compression is refused: their state cannot carry over.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +38,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from neuroflow import random
-from neuroflow.checkpoint import topology
-from neuroflow.checkpoint.atomic import TEMP_SUFFIX
+from neuroflow.checkpoint import directory as listing
+from neuroflow.checkpoint import resume_settings, topology
+from neuroflow.checkpoint.directory import NAME_FORMAT, latest_checkpoint, list_checkpoints
+from neuroflow.checkpoint.divergence import Verdict, verdict_from
 from neuroflow.checkpoint.errors import CheckpointError
 from neuroflow.checkpoint.model_file import (
     OPTIMIZER_PREFIX,
@@ -36,41 +54,46 @@ from neuroflow.checkpoint.model_file import (
     read_checked,
     write_model_file,
 )
+from neuroflow.checkpoint.run import TrainingRun
 from neuroflow.operator import Operator
 
 if TYPE_CHECKING:
     from neuroflow.data.loader import DataLoader
     from neuroflow.trainer import Trainer
 
-NAME_FORMAT = "ckpt-{step:08d}.safetensors"
+__all__ = ["NAME_FORMAT", "ResumeInfo", "latest_checkpoint", "list_checkpoints", "load_training_checkpoint",
+           "save_training_checkpoint"]
+
 #: Stored beside the optimizer state: gradient compression's error-feedback residual.
 RESIDUAL = "compression_residual"
-_NAME = re.compile(r"ckpt-(\d{8,})\.safetensors")
 
 
 @dataclass(frozen=True)
 class ResumeInfo:
-    """What :func:`load_training_checkpoint` restored: the file, the step and epoch, the data position."""
+    """What :func:`load_training_checkpoint` restored: the file, the step and epoch, the data position.
+
+    ``epoch_totals`` holds the running sums of the epoch in progress when the
+    checkpoint was written in the middle of one (``{"epoch", "loss_sum",
+    "correct", "seen"}``), else None. ``verdict`` is the verdict on the
+    window that ended at it (:mod:`neuroflow.checkpoint.divergence`; None for
+    a checkpoint from before verdicts), ``newest_good`` the newest checkpoint
+    of its run known good then (when the file is still there), ``run`` the id
+    of the run the trainer now continues.
+    """
 
     path: Path
     step: int
     epoch: int
     data: dict[str, int] | None
+    epoch_totals: dict[str, Any] | None = None
+    verdict: Verdict | None = None
+    newest_good: Path | None = None
+    run: str | None = None
 
-
-def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
-    """The checkpoints in ``directory``, oldest step first (by file name; temporary files are not listed)."""
-    folder = Path(directory)
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.fullmatch(p.name)) and p.is_file()]
-    return [p for _, p in sorted(found)]
-
-
-def latest_checkpoint(directory: str | os.PathLike[str]) -> Path | None:
-    """The checkpoint of the highest step in ``directory``, or None when there is none."""
-    found = list_checkpoints(directory)
-    return found[-1] if found else None
+    @property
+    def diverging(self) -> bool:
+        """Whether the loss was exploding in the steps before this checkpoint (it is most likely bad too)."""
+        return self.verdict is not None and not self.verdict.good
 
 
 # --------------------------------------------------------------------------- saving
@@ -80,15 +103,20 @@ def save_training_checkpoint(
 ) -> Path:
     """Write ``trainer``'s full state to ``directory/ckpt-{step:08d}.safetensors`` atomically; returns the path.
 
-    Keeps the newest ``keep`` checkpoints and removes older ones and the
-    temporary files of interrupted writes. ``loader`` (a DataLoader) adds its
-    position, so resuming continues mid-epoch. Weights that are NaN or
-    infinite are refused, so the last good checkpoint is never replaced by a bad one.
+    The first write takes the directory for the trainer's run (a lock; see
+    :mod:`neuroflow.checkpoint.lock`) and is refused while another live run
+    holds it. Keeps the run's newest ``keep`` checkpoints and its newest good
+    one, removes its older ones and the temporary files of interrupted
+    writes; other runs' checkpoints are left alone. ``loader`` (a DataLoader)
+    adds its position, so resuming continues mid-epoch. Weights that are NaN
+    or infinite are refused, so the last good checkpoint is never replaced by
+    a bad one.
     """
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise CheckpointError(f"keep must be an integer >= 1; got {keep!r}")
     folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
+    run = trainer.checkpoints.run
+    run.claim(folder)
     model: Operator = trainer.model
     tensors, meta = model_payload(model, TRAINING_FORMAT, metadata)
     bad = [name for name, a in tensors.items() if a.dtype.kind == "f" and not np.isfinite(a).all()]
@@ -101,8 +129,13 @@ def save_training_checkpoint(
     if compressor is not None and compressor.residual is not None:
         # the unsent gradient is training state: without it a resumed run would forget it and diverge
         tensors[OPTIMIZER_PREFIX + RESIDUAL] = np.ascontiguousarray(trainer.backend.to_host(compressor.residual))
+    verdict, watch = run.losses.judge(int(trainer.step))
+    totals = trainer.epoch_in_progress
     meta["training"] = compact_json({
         "step": int(trainer.step), "epoch": int(trainer.epoch), "seed": int(trainer.seed),
+        "run": {"id": run.id, "saved_at": time.time()},
+        "verdict": None if verdict is None else verdict.as_json(), "divergence": watch,
+        "epoch_totals": None if totals is None else totals.state_dict(),
         "history": {"epochs": trainer.history.epochs, "interrupted": bool(trainer.history.interrupted)},
         "optimizer": optimizer,
         "scheduler": _scheduler_state(trainer.scheduler),
@@ -112,7 +145,8 @@ def save_training_checkpoint(
         "data": None if loader is None else loader.state_dict(),
     })
     path = write_model_file(folder / NAME_FORMAT.format(step=trainer.step), tensors, meta)
-    _prune(folder, keep, path)
+    run.losses.commit(watch)
+    listing.prune(folder, keep, run.id, path, listing.checkpoint_at(folder, run.losses.newest_good))
     return path
 
 
@@ -143,14 +177,6 @@ def _op_generators(model: Operator) -> dict[str, np.random.Generator]:
     return found
 
 
-def _prune(folder: Path, keep: int, written: Path) -> None:
-    for old in list_checkpoints(folder)[:-keep]:
-        if old != written:
-            old.unlink(missing_ok=True)
-    for stale in folder.glob(f".ckpt-*{TEMP_SUFFIX}"):  # left by a write that was killed
-        stale.unlink(missing_ok=True)
-
-
 def _encode(value: Any) -> Any:
     """A bit generator state as JSON (MT19937 keeps a uint32 array in it)."""
     if isinstance(value, dict):
@@ -176,29 +202,66 @@ def load_training_checkpoint(
 ) -> ResumeInfo:
     """Restore ``trainer`` (and ``loader``, when given) from a checkpoint file or the newest in a directory.
 
-    The trainer's model must have the checkpoint's topology and its optimizer
-    and scheduler the saved types. Everything is read and checked before the
-    trainer is changed, so a refused checkpoint leaves it as it was. Given a
-    directory, a corrupt newest checkpoint is skipped with a warning in favour
-    of the one before it.
+    The directory (or the file's) is taken for the trainer's run first, as
+    at a first write: a live run's directory is refused. Given a directory,
+    the newest checkpoint of the run that saved last is restored (the other
+    runs' checkpoints are named in a warning and left alone), and a corrupt
+    one is skipped with a warning in favour of the one before it. Resuming
+    that newest checkpoint continues its run; resuming an older one (a good
+    checkpoint before a divergence) starts a new run from it, so the run's
+    later checkpoints are never pruned by mistake for newer ones.
+
+    The trainer's model must have the checkpoint's topology and its
+    optimizer the saved type; its hyperparameters and scheduler win over the
+    checkpoint's, with a warning naming the differences. Everything is read
+    and checked before the trainer is changed, so a refused checkpoint
+    leaves it as it was.
     """
     target = Path(path_or_directory)
+    run = trainer.checkpoints.run
+    folder = target if target.is_dir() else target.parent
+    _claim_to_resume(run, folder)
+    found = listing.entries(folder)
+    current = listing.current_run(found)
     if not target.is_dir():
-        return _restore(trainer, target, loader)
-    candidates = list_checkpoints(target)
+        newest = [e.path.resolve() for e in found if e.run is not None and e.run == current][-1:]
+        return _restore(trainer, target, loader, continues=newest == [target.resolve()])
+    candidates, others = listing.resume_candidates(found)
     if not candidates:
         raise CheckpointError(f"no checkpoints (ckpt-*.safetensors) in {target}")
+    if any(e.step > candidates[0].step for e in others):
+        warnings.warn(f"{target} also holds checkpoints of other runs ({listing.describe_runs(others)}); resuming "
+                      f"run {current}, the run that saved last; pass a checkpoint file to resume another",
+                      RuntimeWarning, stacklevel=2)
     failures = []
-    for path in reversed(candidates):
+    for rank, entry in enumerate(candidates):
         try:
-            return _restore(trainer, path, loader)
+            info = _restore(trainer, entry.path, loader, continues=rank == 0)
         except CheckpointError as exc:
             failures.append(str(exc))
-            warnings.warn(f"skipping checkpoint {path.name}: {exc}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"skipping checkpoint {entry.path.name}: {exc}", RuntimeWarning, stacklevel=2)
+            continue
+        if info.diverging:
+            good = info.newest_good
+            back = (f"the newest good checkpoint is {good}: resume that file" if good is not None
+                    else "no checkpoint of its run is known good: start again")
+            warnings.warn(f"resumed {entry.path.name}, written while the loss was exploding (its window: "
+                          f"{info.verdict.reason if info.verdict else 'not finite'}); {back}, with a lower lr, to go "
+                          "back to where training was sane", RuntimeWarning, stacklevel=2)
+        return info
     raise CheckpointError(f"no usable checkpoint in {target}: " + " | ".join(failures))
 
 
-def _restore(trainer: Trainer, path: Path, loader: DataLoader | None) -> ResumeInfo:
+def _claim_to_resume(run: TrainingRun, folder: Path) -> None:
+    if not folder.is_dir():
+        return  # nothing to hold; opening the checkpoint says what is missing
+    try:
+        run.claim(folder, resuming=True)
+    except PermissionError:
+        pass  # a read-only directory: no run can write there, so there is nothing to hold
+
+
+def _restore(trainer: Trainer, path: Path, loader: DataLoader | None, *, continues: bool) -> ResumeInfo:
     opened = open_model_file(path, formats=(TRAINING_FORMAT,))
     state = _training_state(opened)
     model: Operator = trainer.model
@@ -208,16 +271,17 @@ def _restore(trainer: Trainer, path: Path, loader: DataLoader | None) -> ResumeI
     check_tensors(model, opened)
     if optimizer.get("type") != type(trainer.optimizer).__name__:
         raise CheckpointError(f"{path}: saved with optimizer {optimizer.get('type')}; the trainer has "
-                              f"{type(trainer.optimizer).__name__}")
+                              f"{type(trainer.optimizer).__name__}: its state cannot carry over. Resume with a "
+                              f"{optimizer.get('type')}, or start a new run from the weights alone (nf.load)")
     saved_compression = state.get("compression")
     own_compression = _compression_settings(trainer.compressor)
     if saved_compression != own_compression:
         raise CheckpointError(f"{path}: saved with gradient compression {saved_compression}; the trainer has "
                               f"{own_compression}: resume with the same gradient_compression settings")
     saved_scheduler = state["scheduler"]
-    if (saved_scheduler is None) != (trainer.scheduler is None):
-        raise CheckpointError(f"{path}: saved {'without' if saved_scheduler is None else 'with'} a scheduler; "
-                              f"the trainer has {trainer.scheduler!r}")
+    differences = resume_settings.optimizer_differences(optimizer, trainer.optimizer)
+    differences += resume_settings.scheduler_differences(saved_scheduler, trainer.scheduler)
+    binding = resume_settings.scheduler_binding(trainer.scheduler, trainer.optimizer, optimizer, saved_scheduler)
     generators = _op_generators(model)
     saved_generators = state["rng"]["ops"]
     if sorted(generators) != sorted(saved_generators):
@@ -240,15 +304,15 @@ def _restore(trainer: Trainer, path: Path, loader: DataLoader | None) -> ResumeI
             loader.load_state_dict(state["data"])
         saved_state = {short: arrays[n] for n, short in names.items()}
         residual = saved_state.pop(RESIDUAL, None)
-        trainer.optimizer.load_state_dict({**optimizer, "state": saved_state})
+        # the state is the checkpoint's, the hyperparameters the trainer's (see resume_settings)
+        trainer.optimizer.load_state_dict({**optimizer, "hyperparameters": trainer.optimizer.get_config(),
+                                           "state": saved_state})
         if trainer.compressor is not None:
             if residual is None:
                 raise CheckpointError(f"{path}: the gradient-compression residual is missing")
             trainer.compressor.load_residual(residual)
-        if saved_scheduler is not None:
-            trainer.scheduler.load_state_dict(saved_scheduler["state"])
-            if saved_scheduler["binding"] is not None:
-                trainer.scheduler.bind(**saved_scheduler["binding"])
+        if binding is not None:
+            trainer.scheduler.bind(**binding)
         model.load_state_dict({n: a for n, a in arrays.items() if n not in names})
         for rng, saved in pairs:
             rng.bit_generator.state = _decode(saved)
@@ -259,7 +323,15 @@ def _restore(trainer: Trainer, path: Path, loader: DataLoader | None) -> ResumeI
     trainer.step, trainer.epoch, trainer.seed = state["step"], state["epoch"], state["seed"]
     trainer.history.epochs = list(state["history"]["epochs"])
     trainer.history.interrupted = bool(state["history"]["interrupted"])
-    return ResumeInfo(opened.header.path, state["step"], state["epoch"], state["data"])
+    run = trainer.checkpoints.run
+    saved_run = state["run"].get("id")
+    if continues and isinstance(saved_run, str):
+        run.adopt(saved_run)
+    run.losses.load_state_dict(state["divergence"])
+    resume_settings.warn_differences(path, state["step"], differences)
+    return ResumeInfo(opened.header.path, state["step"], state["epoch"], state["data"], state["epoch_totals"],
+                      verdict_from(state["verdict"]), listing.checkpoint_at(path.parent, run.losses.newest_good),
+                      run.id)
 
 
 def _training_state(opened: ModelFile) -> dict[str, Any]:
@@ -277,7 +349,16 @@ def _training_state(opened: ModelFile) -> dict[str, Any]:
     scheduler = state.get("scheduler")
     if scheduler is not None and not (isinstance(scheduler, dict) and isinstance(scheduler.get("state"), dict)):
         raise CheckpointError(f"{source}: training metadata has a malformed scheduler section")
-    state.setdefault("data", None)
+    for key in ("data", "epoch_totals"):
+        state.setdefault(key, None)
+    for key in ("run", "divergence"):  # absent from checkpoints of older versions
+        if not isinstance(state.get(key), dict):
+            state[key] = {}
+    totals = state["epoch_totals"]
+    if totals is not None and not (isinstance(totals, dict) and all(
+            isinstance(totals.get(k), int | float) and not isinstance(totals.get(k), bool)
+            for k in ("epoch", "loss_sum", "correct", "seen"))):
+        raise CheckpointError(f"{source}: training metadata has a malformed epoch_totals section")
     return state
 
 

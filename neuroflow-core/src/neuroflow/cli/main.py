@@ -18,7 +18,7 @@ import neuroflow
 from neuroflow.cli import bench, debug_backward, doctor, export, gradcheck, mem_profile, plugins, train
 from neuroflow.cli.exit_codes import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE
 from neuroflow.errors import ConfigError, NeuroFlowError, UnknownNameError
-from neuroflow.plugins import plugin_manager
+from neuroflow.plugins import hook_failed, plugin_manager
 
 Configure = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
@@ -45,6 +45,7 @@ def _plugin_commands(register: Callable[..., None]) -> None:
         try:
             impl.function(*[register if name == "register" else None for name in impl.argnames])
         except Exception as exc:  # a broken plugin must not take the CLI down
+            hook_failed(impl.plugin_name, impl.plugin, "neuroflow_register_commands", exc)  # neuroflow plugins shows it
             print(f"neuroflow: skipping commands of plugin {impl.plugin_name!r}: {type(exc).__name__}: {exc}",
                   file=sys.stderr)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from neuroflow import registry
 from neuroflow.cli.arguments import positive_float, positive_int, sample_shape_arg
+from neuroflow.cli.exit_codes import EXIT_FAILURE
 from neuroflow.config import Config, resolve_model_config
 from neuroflow.errors import ConfigError, ShapeError
 from neuroflow.memory import profile
@@ -107,4 +108,5 @@ def run(args: argparse.Namespace) -> int:
     if args.png:
         report.to_png(args.png)
         print(f"heat-map written to {args.png}")
-    return 0
+    # 1 when training under this budget would fail; the Trainer takes a split keeping the effective batch itself
+    return EXIT_FAILURE if budget is not None and not report.fits() and report.suggestion is None else 0

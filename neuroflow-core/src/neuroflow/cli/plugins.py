@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import warnings
 from importlib import metadata
 
 from neuroflow import registry
 from neuroflow.cli.table import format_table
-from neuroflow.plugins import plugin_manager
+from neuroflow.errors import PluginWarning
+from neuroflow.plugins import display_name, hook_failures, plugin_manager
 
 HELP = "list the installed backends, ops, allocators, models and plugins, and any that failed to load"
 BACKENDS_HELP = "list the installed backends and whether each can run here"
@@ -20,8 +22,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def distribution(reg: registry.Registry, name: str) -> str:
     """``name-version`` of the distribution providing ``name``, or how it got into the registry."""
     dist = reg.distribution(name)
-    if dist is None:
-        return "(registered at run time)"
+    return "(registered at run time)" if dist is None else _version(dist)
+
+
+def _version(dist: str) -> str:
     try:
         return f"{dist} {metadata.version(dist)}"
     except metadata.PackageNotFoundError:
@@ -29,12 +33,30 @@ def distribution(reg: registry.Registry, name: str) -> str:
 
 
 def rows(reg: registry.Registry) -> list[list[str]]:
-    """One row per entry: name, distribution, load status (failures with their reason)."""
+    """One row per entry: name, distribution, status: "ok", "FAILED: why" (at import, or in a hook in this
+    process), or "REFUSED: ..." for a distribution refused a name another one already provides."""
     reg.load_all()
-    return [
-        [name, distribution(reg, name), f"FAILED: {reg.failures[name]}" if name in reg.failures else "ok"]
-        for name in reg.names()
-    ]
+    table = [[name, distribution(reg, name), _status(reg, name)] for name in reg.names()]
+    if reg is registry.plugins:  # hook plugins registered at run time (tests, notebooks) have hooks that can fail
+        listed = set(reg.names())
+        table += [[shown, "(registered at run time)", _hook_status(shown)]
+                  for shown in sorted(display_name(name, plugin) for name, plugin in plugin_manager().list_name_plugin())
+                  if shown not in listed]
+    for name, refused in sorted(reg.conflicts.items()):
+        table += [[name, _version(dist), f"REFUSED: {reg.distribution(name)} already provides {name!r}"]
+                  for dist in refused]
+    return table
+
+
+def _status(reg: registry.Registry, name: str) -> str:
+    if name in reg.failures:
+        return f"FAILED: {reg.failures[name]}"
+    return _hook_status(name) if reg is registry.plugins else "ok"
+
+
+def _hook_status(name: str) -> str:
+    failures = hook_failures.get(name)
+    return f"FAILED in {'; '.join(failures)}" if failures else "ok"
 
 
 def _backend_rows() -> list[list[str]]:
@@ -51,16 +73,20 @@ def _backend_rows() -> list[list[str]]:
 
 def _section(title: str, table: list[list[str]]) -> None:
     failed = sum(1 for row in table if row[2].startswith("FAILED"))
-    summary = f"{len(table)} found" + (f", {failed} failed" if failed else "")
+    refused = sum(1 for row in table if row[2].startswith("REFUSED"))
+    summary = (f"{len(table) - refused} found" + (f", {failed} failed" if failed else "")
+               + (f", {refused} refused" if refused else ""))
     print(f"{title} ({summary})")
     print(format_table(table) if table else "  (none)")
 
 
 def run(args: argparse.Namespace) -> int:
     plugin_manager()  # registers hook plugins, recording those pluggy rejects among the failures
-    for reg in registry.ALL:
-        table = _backend_rows() if reg is registry.backends else rows(reg)
-        _section(f"{reg.kind}s [{reg.group}]", table)
+    with warnings.catch_warnings():  # the table shows the conflicts the registries warn about
+        warnings.simplefilter("ignore", PluginWarning)
+        for reg in registry.ALL:
+            table = _backend_rows() if reg is registry.backends else rows(reg)
+            _section(f"{reg.kind}s [{reg.group}]", table)
     if registry.autoload_disabled():
         print("NEUROFLOW_DISABLE_PLUGIN_AUTOLOAD is set: only neuroflow-core's own entries are listed")
     return 0

@@ -17,11 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow.allocators.base import ALIGNMENT
 from neuroflow.buffers.planner import place
 from neuroflow.buffers.trace import Slot, TracingPool
 from neuroflow.composites import input_layer
 from neuroflow.errors import ConfigError
 from neuroflow.fusion import fuse
+from neuroflow.layout_pass import plan_layouts
 from neuroflow.losses.cross_entropy import CrossEntropy
 from neuroflow.memory.compression import MODES, compression_nbytes
 from neuroflow.memory.report import KINDS, LayerRow, MemoryReport, MiB
@@ -55,6 +57,7 @@ def trace_step(
     for module, _ in snapshot["states"]:
         module.reset_state()  # type: ignore[attr-defined]
     fuse(model)  # as the Trainer runs it
+    plan_layouts(model)
     tracer = TracingPool(xp)
     tracer.grads_zeroed = accumulation == 1
     for param in model.trainable_parameters():
@@ -220,13 +223,16 @@ def profile(
         report.budget_bytes = int(budget_mb * MiB)
         report.input_reserve_bytes = reserve_per_sample * batch
         sizes = BatchModel(model, loss, sample, dtype, gradient_accumulation_steps, reserve_per_sample)
-        room = report.budget_bytes - report.static_bytes
+        room = report.budget_bytes - report.static_bytes - ALIGNMENT  # what the arena may take, as fits() counts
         report.largest_batch = largest_batch(sizes, room)
         effective = batch * gradient_accumulation_steps
         report.effective_batch = effective
         single = sizes if gradient_accumulation_steps == 1 else BatchModel(model, loss, sample, dtype, 1, reserve_per_sample)
         accumulating = sizes if gradient_accumulation_steps > 1 else BatchModel(model, loss, sample, dtype, 2, reserve_per_sample)
         report.suggestion = fit_batch(single, accumulating, room, effective)
+        report.largest_single_batch = largest_batch(single, room)
+        report.batch1_peak_bytes = report.static_bytes + ALIGNMENT + single.arena_bytes(1)
+        report.batch1_accumulating_peak_bytes = report.static_bytes + ALIGNMENT + accumulating.arena_bytes(1)
     return report
 
 

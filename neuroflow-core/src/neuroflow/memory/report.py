@@ -9,6 +9,7 @@ given. ``str(report)`` is the table ``neuroflow mem-profile`` prints;
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from neuroflow.allocators.base import ALIGNMENT
@@ -17,6 +18,11 @@ from neuroflow.memory.heatmap import write_heatmap
 
 MiB = 1024 * 1024
 KINDS = ("parameters", "gradients", "optimizer", "activations", "workspace", "grads_in_flight")
+
+
+def _mib_up(nbytes: int) -> float:
+    """``nbytes`` in MiB rounded up to 3 decimals: a budget of that many MiB holds it."""
+    return math.ceil(nbytes * 1000 / MiB) / 1000
 
 
 @dataclass
@@ -46,6 +52,12 @@ class MemoryReport:
     compression_bytes: int = 0
     #: host memory the data loader holds for this batch size (prefetched batches), counted against a budget
     input_reserve_bytes: int = 0
+    #: with a budget: the largest batch without accumulation that fits (``largest_batch`` is at the
+    #: accumulation asked), and the peak of a step at batch 1 without and with accumulation, input batches
+    #: included: what the advice compares the budget with
+    largest_single_batch: int | None = None
+    batch1_peak_bytes: int | None = None
+    batch1_accumulating_peak_bytes: int | None = None
 
     @property
     def arena_bytes(self) -> int:
@@ -63,6 +75,28 @@ class MemoryReport:
         """Whether the predicted peak, plus ``reserve_bytes`` kept for input data, is within the budget."""
         reserve = self.input_reserve_bytes if reserve_bytes is None else reserve_bytes
         return self.budget_bytes is None or self.predicted_peak_bytes + reserve <= self.budget_bytes
+
+    def why_nothing_fits(self) -> str:
+        """What does not fit the budget when no batch × accumulation keeping the effective batch does, with
+        the numbers, and what would: the sentence the Trainer's OutOfMemoryError and ``mem-profile`` give."""
+        budget, static = self.budget_bytes or 0, self.static_bytes
+        one, accumulating = _mib_up(self.batch1_peak_bytes or 0), _mib_up(self.batch1_accumulating_peak_bytes or 0)
+        parts = (f"parameters, gradients and optimizer state take {static / MiB:.3f} MiB; activations, workspace "
+                 f"and input batches at batch 1 take {((self.batch1_peak_bytes or 0) - static) / MiB:.3f} MiB more")
+        keep = (f" ({accumulating} MiB for batch 1 with accumulation, which keeps the effective batch "
+                f"{self.effective_batch})" if (self.effective_batch or 1) > 1 and accumulating > one else "")
+        if static >= budget:
+            return (f"the budget of {budget / MiB:.3f} MiB does not hold even the part that does not depend on the "
+                    f"batch: {parts}. Raise the budget to at least {one} MiB{keep}, or shrink the static part (a "
+                    "smaller model, an optimizer with less state such as SGD(momentum=0), frozen weights)")
+        if not self.largest_single_batch:
+            return (f"the budget of {budget / MiB:.3f} MiB is too small even for batch 1, which needs {one} MiB: "
+                    f"{parts}. Raise the budget to at least {one} MiB{keep}")
+        return (f"no batch × accumulation keeps the effective batch {self.effective_batch} within "
+                f"{budget / MiB:.3f} MiB: accumulating needs a workspace per weight gradient, and batch 1 with "
+                f"accumulation needs {accumulating} MiB. batch_size={self.largest_single_batch} with "
+                f"gradient_accumulation_steps=1 fits (a smaller effective batch), or raise the budget to "
+                f"{accumulating} MiB to keep it")
 
     def __str__(self) -> str:
         def mb(n: int) -> str:
@@ -92,12 +126,8 @@ class MemoryReport:
                 b, k = self.suggestion
                 lines.append(f"to keep the effective batch {self.effective_batch}: batch_size={b} x "
                              f"gradient_accumulation_steps={k} (= {b * k})")
-            elif self.largest_batch == 0:
-                lines.append("not even batch 1 fits: the parameters and optimizer state alone exceed the budget")
-            elif self.largest_batch is not None and self.effective_batch is not None:
-                lines.append(f"no batch x accumulation pair keeps the effective batch {self.effective_batch} within "
-                             "the budget (accumulating needs a workspace per weight gradient); use "
-                             f"batch_size={self.largest_batch} without accumulation, or raise the budget")
+            elif self.batch1_peak_bytes is not None and not self.fits():
+                lines.append(f"nothing fits: {self.why_nothing_fits()}")
         return "\n".join(lines)
 
     def to_png(self, path: str) -> None:

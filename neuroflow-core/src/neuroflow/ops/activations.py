@@ -11,6 +11,7 @@ from typing import Any
 
 from neuroflow.backends import kernels
 from neuroflow.errors import ShapeError
+from neuroflow.layout_pass import ELEMENTWISE, LayoutOptions
 from neuroflow.operator import MemoryDeclaration, Operator
 
 
@@ -55,6 +56,9 @@ class _Elementwise(Operator):
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
         return MemoryDeclaration(input_shape, cached=[input_shape])
+
+    def layout_options(self) -> LayoutOptions:
+        return ELEMENTWISE  # any layout in, the same out (see neuroflow.layout_pass)
 
     def _forward(self, x: Any, y: Any) -> Any:
         """Write the activation of ``x`` into ``y``; return what backward needs."""

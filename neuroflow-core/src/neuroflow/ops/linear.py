@@ -9,6 +9,7 @@ import numpy as np
 
 from neuroflow import random
 from neuroflow.backends import kernels
+from neuroflow.backends.reductions import sum_rows
 from neuroflow.errors import ShapeError
 from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow.tensor import Tensor
@@ -88,7 +89,7 @@ class Linear(Operator):
                 self.accumulate_grad(self.weight, gw)
         if self.has_bias and self.bias.requires_grad:
             gb, add = self.grad_target(self.bias, "gb")
-            xp.sum(g2, axis=0, out=gb)
+            sum_rows(xp, g2, out=gb)  # blocked: a batch of many rows keeps float32's digits
             if add:
                 self.accumulate_grad(self.bias, gb)
 

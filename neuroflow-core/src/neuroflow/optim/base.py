@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,12 @@ def check_range(
     owner: str, name: str, value: float, low: float, high: float = math.inf, *, low_open: bool = False,
     high_open: bool = True,
 ) -> float:
-    """Return ``value`` as a float, or raise ConfigError naming ``owner``, the argument and the accepted range."""
+    """Return ``value`` as a float, or raise ConfigError naming ``owner``, the argument and the accepted range.
+
+    A number is an int or a float (numpy's included), never a bool or a string: ``lr="0.01"`` is refused.
+    """
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ConfigError(f"{owner}: {name} must be a number; got {value!r} ({type(value).__name__})")
     number = float(value)
     above_low = number > low if low_open else number >= low
     below_high = number < high if high_open else number <= high

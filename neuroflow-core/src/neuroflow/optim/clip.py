@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 from neuroflow.backends.namespaces import array_namespace
@@ -19,9 +20,9 @@ def clip_grad_norm(grad_flat: Any, max_norm: float) -> float:
 
         norm = clip_grad_norm(flat.grad, max_norm=1.0)
     """
-    max_norm = float(max_norm)
-    if not (max_norm > 0.0 and math.isfinite(max_norm)):
+    if not isinstance(max_norm, numbers.Real) or isinstance(max_norm, bool) or not 0.0 < max_norm < math.inf:
         raise ValueError(f"clip_grad_norm: max_norm must be a finite number > 0; got {max_norm!r}")
+    max_norm = float(max_norm)
     if grad_flat.ndim != 1:
         raise ValueError(f"clip_grad_norm expects the 1-D flat gradient buffer; got shape {tuple(grad_flat.shape)}")
     xp = array_namespace(grad_flat)

@@ -32,7 +32,9 @@ class SGD(Optimizer):
         self.momentum = check_range("SGD", "momentum", momentum, 0.0)
         self.weight_decay = check_range("SGD", "weight_decay", weight_decay, 0.0)
         self.dampening = check_range("SGD", "dampening", dampening, 0.0, 1.0, high_open=False)
-        self.nesterov = bool(nesterov)
+        if not isinstance(nesterov, bool):
+            raise ConfigError(f"SGD: nesterov must be True or False; got {nesterov!r} ({type(nesterov).__name__})")
+        self.nesterov = nesterov
         if self.nesterov and (self.momentum == 0.0 or self.dampening != 0.0):
             raise ConfigError(
                 f"SGD: nesterov=True requires momentum > 0 and dampening == 0; "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 from neuroflow.errors import ConfigError
@@ -14,6 +15,16 @@ def check_count(owner: str, name: str, value: Any, minimum: int = 0) -> int:
     if not whole or value != int(value) or value < minimum:
         raise ConfigError(f"{owner}: {name} must be a whole number >= {minimum}; got {value!r}")
     return int(value)
+
+
+def check_number(owner: str, name: str, value: Any, minimum: float = 0.0, *, above: bool = False) -> float:
+    """Return ``value`` as a float, or raise ConfigError unless it is a finite number >= ``minimum`` (> with
+    ``above``): an int or a float, never a bool or a string."""
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or not (value > minimum if above else value >= minimum):
+        raise ConfigError(f"{owner}: {name} must be a finite number {'>' if above else '>='} {minimum:g}; "
+                          f"got {value!r} ({type(value).__name__})")
+    return float(value)
 
 
 class Scheduler:

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from neuroflow.errors import ConfigError
-from neuroflow.schedulers.base import Scheduler, check_count
+from neuroflow.schedulers.base import Scheduler, check_count, check_number
 
 
 class Cosine(Scheduler):
@@ -26,15 +26,9 @@ class Cosine(Scheduler):
 
     def __init__(self, warmup_epochs: float = 0, warmup_steps: int = 0, min_lr: float = 0.0) -> None:
         super().__init__()
-        warmup_epochs = float(warmup_epochs)
-        if not (0.0 <= warmup_epochs < math.inf):
-            raise ConfigError(f"Cosine: warmup_epochs must be a finite number >= 0; got {warmup_epochs!r}")
-        min_lr = float(min_lr)
-        if not (0.0 <= min_lr < math.inf):
-            raise ConfigError(f"Cosine: min_lr must be a finite number >= 0; got {min_lr!r}")
-        self.warmup_epochs = warmup_epochs
+        self.warmup_epochs = check_number("Cosine", "warmup_epochs", warmup_epochs)
         self.warmup_steps = check_count("Cosine", "warmup_steps", warmup_steps, 0)
-        self.min_lr = min_lr
+        self.min_lr = check_number("Cosine", "min_lr", min_lr)
 
     def get_config(self) -> dict[str, Any]:
         return {"warmup_epochs": self.warmup_epochs, "warmup_steps": self.warmup_steps, "min_lr": self.min_lr}

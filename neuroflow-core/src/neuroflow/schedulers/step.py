@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from neuroflow.errors import ConfigError
-from neuroflow.schedulers.base import Scheduler, check_count
+from neuroflow.schedulers.base import Scheduler, check_count, check_number
 
 
 class Step(Scheduler):
@@ -31,10 +31,7 @@ class Step(Scheduler):
         self.step_size_steps = (
             None if step_size_steps is None else check_count("Step", "step_size_steps", step_size_steps, 1)
         )
-        gamma = float(gamma)
-        if not (0.0 < gamma < float("inf")):
-            raise ConfigError(f"Step: gamma must be a finite number > 0; got {gamma!r}")
-        self.gamma = gamma
+        self.gamma = check_number("Step", "gamma", gamma, 0.0, above=True)
 
     def get_config(self) -> dict[str, Any]:
         return {"step_size": self.step_size, "gamma": self.gamma, "step_size_steps": self.step_size_steps}

@@ -81,16 +81,7 @@ def fit_to_budget(session: MemorySession, sample_shape: tuple[int, ...]) -> Any:
                   f"{report.predicted_peak_bytes / 2**20:.2f} MiB)", flush=True)
         return report
     if report.suggestion is None:
-        if report.largest_batch:
-            raise OutOfMemoryError(
-                f"memory budget of {budget_mb} MiB: no batch × accumulation keeps the effective batch "
-                f"{report.effective_batch} (accumulating needs a workspace per weight gradient); "
-                f"batch_size={report.largest_batch} without accumulation fits, or raise the budget"
-            )
-        raise OutOfMemoryError(
-            f"memory budget of {budget_mb} MiB is too small even for batch 1: parameters, gradients "
-            f"and optimizer state take {report.static_bytes / 2**20:.2f} MiB"
-        )
+        raise OutOfMemoryError(f"memory_budget_mb={budget_mb}: {report.why_nothing_fits()}")
     batch, steps = report.suggestion
     if verbose:
         print(f"memory budget {budget_mb} MiB: batch {session.batch_size} × accumulation "
@@ -116,6 +107,7 @@ def advice(session: MemorySession, capacity: int) -> str:
         if alone:  # accumulating needs a workspace per weight gradient, which may be what does not fit
             return (f"No batch × accumulation keeps the effective batch {effective}; "
                     f"batch_size={alone} without accumulation fits, or raise memory_pool_size_mb.")
-        return "Not even batch 1 fits: raise memory_pool_size_mb."
+        return (f"Not even batch 1 fits: it needs an arena of {single.arena_bytes(1)} bytes; "
+                "raise memory_pool_size_mb.")
     b, k = suggestion
     return f"batch_size={b} with gradient_accumulation_steps={k} would fit."

@@ -1,4 +1,8 @@
-"""Evaluation and prediction: the model in eval mode on the session's buffers, its training mode restored after."""
+"""Evaluation and prediction: the model in eval mode on the session's buffers, its training mode restored after.
+
+Each call holds the session for its whole length: calls from several threads take turns (see
+:class:`~neuroflow.trainer.session.MemorySession`).
+"""
 
 from __future__ import annotations
 
@@ -15,16 +19,22 @@ from neuroflow.trainer.session import MemorySession
 
 @contextlib.contextmanager
 def inference_mode(session: MemorySession) -> Iterator[Operator]:
-    """The model on the backend, loaded, in eval mode and on the session's buffers; its mode restored after."""
-    session.place_for_inference()
-    model = session.model
-    was_training = model.training
-    model.eval()
-    try:
-        with session.lend():
-            yield model
-    finally:
-        model.train(was_training)
+    """The model on the backend, loaded, in eval mode and on the session's buffers; its mode restored after.
+
+    The whole call holds the session's lock: a call from another thread (a
+    prediction, or a training step) waits until this one has ended, so one
+    call sees one set of weights and its outputs are its own.
+    """
+    with session.lock:
+        session.place_for_inference()
+        model = session.model
+        was_training = model.training
+        model.eval()
+        try:
+            with session.lend():
+                yield model
+        finally:
+            model.train(was_training)
 
 
 def evaluate(session: MemorySession, loader: Any, classification: bool) -> dict[str, float]:

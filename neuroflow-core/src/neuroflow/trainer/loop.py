@@ -6,7 +6,8 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from neuroflow.progress import EpochProgress
@@ -41,12 +42,34 @@ class Interruption:
         self.requested = True
 
 
+@dataclass
+class EpochTotals:
+    """The running sums of an epoch in progress: what its History row is computed from.
+
+    A step checkpoint saves them and resuming restores them, so the row of
+    an epoch interrupted and resumed equals the uninterrupted one's.
+    """
+
+    epoch: int
+    loss_sum: float = 0.0
+    correct: int = 0
+    seen: int = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> EpochTotals:
+        return cls(int(state["epoch"]), float(state["loss_sum"]), int(state["correct"]), int(state["seen"]))
+
+
 class EpochRunner:
     """Runs one epoch of ``loader`` through ``step``: ``accumulation`` batches a step, the last one short if the
     data ends early; ``after_step()`` runs after every step (the trainer's step checkpoints).
 
     ``complete`` says whether the last :meth:`run` went through all the data
-    (not stopped by an interruption).
+    (not stopped by an interruption); ``totals`` holds the running sums of
+    the epoch while it runs (None between epochs), which step checkpoints save.
     """
 
     def __init__(self, step: OptimisationStep, interruption: Interruption, augment: Callable[[Any], Any] | None,
@@ -57,13 +80,20 @@ class EpochRunner:
         self.after_step = after_step
         self.progress = progress
         self.complete = False
+        self.totals: EpochTotals | None = None
 
-    def run(self, loader: Any, epoch: int, epochs: int, steps: int) -> dict[str, float]:
-        """Train on one epoch of ``loader``; its metrics (loss, accuracy, lr, time)."""
+    def run(self, loader: Iterable[Any], epoch: int, epochs: int, steps: int,
+            resumed: EpochTotals | None = None) -> dict[str, float]:
+        """Train on one epoch of ``loader``; its metrics (loss, accuracy, lr, time).
+
+        ``resumed`` continues an epoch a checkpoint interrupted: its sums are
+        those of the batches taken before, and ``loader`` yields the rest
+        (nothing when the checkpoint was written after the epoch's last step).
+        """
         start = time.perf_counter()
         bar = EpochProgress(epoch, epochs, steps, enabled=self.progress)
         k = self.step.session.accumulation
-        totals = [0.0, 0, 0]  # loss sum, correct, seen
+        totals = self.totals = resumed if resumed is not None else EpochTotals(epoch)
         window: list[tuple[Any, Any]] = []
         batches = iter(loader)
         self.complete = False
@@ -86,21 +116,22 @@ class EpochRunner:
             if close is not None:
                 close()
             bar.close()
-        loss_sum, correct, seen = totals
-        metrics: dict[str, float] = {"epoch": epoch, "loss": loss_sum / seen if seen else math.nan}
+            self.totals = None
+        seen = totals.seen
+        metrics: dict[str, float] = {"epoch": epoch, "loss": totals.loss_sum / seen if seen else math.nan}
         if self.step.classification:
-            metrics["accuracy"] = correct / max(seen, 1)
+            metrics["accuracy"] = totals.correct / max(seen, 1)
         scheduler = self.step.scheduler
         if scheduler is not None:
             metrics["lr"] = float(scheduler.lr(max(self.step.count - 1, 0)))
         metrics["time_s"] = time.perf_counter() - start
         return metrics
 
-    def _take(self, window: list[tuple[Any, Any]], loader: Any, bar: EpochProgress, totals: list[Any]) -> None:
+    def _take(self, window: list[tuple[Any, Any]], loader: Any, bar: EpochProgress, totals: EpochTotals) -> None:
         loss, hits = self.step.run(window)
         n = sum(len(b[0]) for b in window)
-        totals[0] += loss * n
-        totals[1] += hits
-        totals[2] += n
+        totals.loss_sum += loss * n
+        totals.correct += hits
+        totals.seen += n
         bar.update(loss)
         self.after_step(loader)

@@ -8,6 +8,8 @@ schema reads its fields (name, type, whether a config may set it) from here.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import os
 import types
 import typing
@@ -54,21 +56,25 @@ class TrainerOptions:
     update_in_backward: bool = _setting(False)
 
     def __post_init__(self) -> None:
+        hints = typing.get_type_hints(TrainerOptions)
+        for option in dataclasses.fields(self):
+            value = getattr(self, option.name)
+            if not _matches(hints[option.name], value):
+                raise ConfigError(f"{option.name} must be {_describe(hints[option.name])}; "
+                                  f"got {value!r} ({type(value).__name__})")
         for name in ("batch_size", "gradient_accumulation_steps", "keep_checkpoints"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if value < 1:
                 raise ConfigError(f"{name} must be a positive integer; got {value!r}")
-        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
-            raise ConfigError(f"clip_grad_norm must be positive; got {self.clip_grad_norm!r}")
         every = self.checkpoint_every
-        if every is not None and (not isinstance(every, int) or every < 1):
+        if every is not None and every < 1:
             raise ConfigError(f"checkpoint_every must be a positive integer (steps); got {every!r}")
         if every is not None and self.checkpoint_dir is None:
             raise ConfigError("checkpoint_every needs checkpoint_dir: where to write the checkpoints")
-        for name in ("memory_budget_mb", "memory_pool_size_mb"):
+        for name in ("clip_grad_norm", "memory_budget_mb", "memory_pool_size_mb"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigError(f"{name} must be positive; got {value!r}")
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f"{name} must be a positive finite number; got {value!r}")
         if self.augment is not None and not callable(self.augment):
             raise ConfigError(f"augment must be callable (a batch of inputs -> augmented inputs); got {self.augment!r}")
 
@@ -86,6 +92,30 @@ class TrainerOptions:
     def allocator_name(self) -> str:
         """The allocator asked for: the option, else ``NEUROFLOW_ALLOCATOR``, else the planned arena."""
         return self.allocator or os.environ.get("NEUROFLOW_ALLOCATOR") or "arena"
+
+
+def _matches(hint: Any, value: Any) -> bool:
+    """Whether ``value`` is what the type hint says: ``bool`` is not an ``int``, a string is not a number."""
+    if hint is Any:
+        return True
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return any(_matches(arg, value) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:  # an int is a float too (PEP 484's numeric tower), numpy's float32 as well
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, typing.get_origin(hint) or hint)
+
+
+def _describe(hint: Any) -> str:
+    """A type hint in words, for an error: ``int | None`` -> "an integer or None"."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return " or ".join(_describe(arg) for arg in typing.get_args(hint))
+    names = {type(None): "None", bool: "True or False", int: "an integer", float: "a number", str: "a string",
+             os.PathLike: "a path"}
+    return names.get(typing.get_origin(hint) or hint, getattr(hint, "__name__", str(hint)))
 
 
 def config_keys() -> dict[str, type]:

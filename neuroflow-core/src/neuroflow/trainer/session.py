@@ -3,13 +3,14 @@
 The session packs the model's parameters and gradients into one flat buffer
 each and binds the optimizer to them; it traces the first step, turns the
 trace into a plan and reserves the arena, and lends the planned pool to the
-model for the length of one trainer call. The fitting of batch ×
+model for the length of one trainer call, one call at a time. The fitting of batch ×
 accumulation to a memory budget is in :mod:`neuroflow.trainer.budget`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +25,7 @@ from neuroflow.buffers.trace import TracingPool
 from neuroflow.composites import input_layer
 from neuroflow.errors import ConfigError, OutOfMemoryError
 from neuroflow.fusion import fuse
+from neuroflow.layout_pass import plan_layouts
 from neuroflow.lora import mark_only_lora_as_trainable
 from neuroflow.losses.base import Loss
 from neuroflow.memory.compression import GradientCompressor
@@ -41,6 +43,11 @@ class MemorySession:
 
     ``batch_size`` and ``accumulation`` start as the options ask and are
     what a memory budget chose once :func:`budget.fit_to_budget` has run.
+
+    ``lock`` is held by every call that runs the model (:meth:`lend`) or
+    packs it anew (:meth:`ready`, :meth:`use_model`): the planned buffers
+    and the forward state every op keeps on itself belong to the model, so
+    calls from several threads take turns, each waiting for the one running.
     """
 
     def __init__(self, model: Operator, loss: Loss, optimizer: Optimizer, backend: Backend,
@@ -61,10 +68,15 @@ class MemorySession:
         self.memory_report: Any = None
         self.offload: OffloadManager | None = None
         self.streamed: StreamedUpdates | None = None  # once updates run inside backward
+        self.lock = threading.RLock()  # re-entrant: fit evaluates inside a training call, a hook may predict
 
     # ------------------------------------------------------------------ placing and packing
     def ready(self) -> FlatParameters:
         """Place the model on the backend, pack its parameters and bind the optimizer (once); the flat buffers."""
+        with self.lock:
+            return self._pack()
+
+    def _pack(self) -> FlatParameters:
         if self.options.lora_fusion and self.flat is None:
             mark_only_lora_as_trainable(self.model)  # base weights read-only: no gradient, no optimizer state
         params = self.model.trainable_parameters()
@@ -80,6 +92,7 @@ class MemorySession:
             self.compressor.bind(flat, [n for n, p in self.model.named_parameters() if p.requires_grad])
         self.attach(None)
         fuse(self.model)
+        plan_layouts(self.model)  # after fusion: the chains of feature-map ops run in their preferred layout
         first = input_layer(self.model)
         if first is not None:
             first.needs_input_grad = False  # the model's input needs no gradient
@@ -93,9 +106,10 @@ class MemorySession:
 
     def use_model(self, model: Operator) -> None:
         """Train and infer with ``model`` from now on: packed, planned and placed anew when next used."""
-        self.attach(None)
-        self.model, self.flat, self.plan, self.streamed = model, None, None, None
-        self.attach(None)
+        with self.lock:
+            self.attach(None)
+            self.model, self.flat, self.plan, self.streamed = model, None, None, None
+            self.attach(None)
 
     def place_for_inference(self) -> None:
         """Put the model on the backend; nothing is packed or bound (a frozen model is fine)."""
@@ -120,14 +134,16 @@ class MemorySession:
 
         Between trainer calls the model has no pool, so ``model.forward(x)``
         returns an array of its own, as users expect; inside a call, outputs
-        are the planned buffers the next step reuses.
+        are the planned buffers the next step reuses. A call from another
+        thread waits here until the running one has ended (see ``lock``).
         """
-        if self.pool is not None:
-            self.model.attach_pool(self.pool)
-        try:
-            yield
-        finally:
-            self.model.attach_pool(None)
+        with self.lock:
+            if self.pool is not None:
+                self.model.attach_pool(self.pool)
+            try:
+                yield
+            finally:
+                self.model.attach_pool(None)
 
     # ------------------------------------------------------------------ one step's memory
     def prepare_step(self, flat: FlatParameters, sample_shape: tuple[int, ...], largest: int) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from neuroflow.errors import NonFiniteLossError
+from neuroflow.errors import NonFiniteDataError, NonFiniteLossError
 from neuroflow.losses.cross_entropy import CrossEntropy
 from neuroflow.optim.clip import clip_grad_norm
 from neuroflow.trainer.session import MemorySession
@@ -64,7 +64,7 @@ class OptimisationStep:
             logits = backend.start_to_host(out) if self.classification else None
             value = loss_fn.forward(out, yd)
             if not math.isfinite(value):
-                raise NonFiniteLossError(self.count + 1, value, self.first_nonfinite_layer(xd))
+                raise self.nonfinite_loss(value, micro_batches, x, y, xd)
             if logits is not None:
                 correct += int((logits().argmax(axis=1) == y).sum())
             if streamed is not None:  # one micro-batch: the step is counted once its loss is known to be finite
@@ -96,6 +96,26 @@ class OptimisationStep:
         mean_loss = loss_sum / total
         self.on_step_end(self.count, mean_loss)
         return mean_loss, correct
+
+    def nonfinite_loss(self, value: float, micro_batches: list[tuple[Any, Any]], x: Any, y: Any,
+                       xd: Any) -> NonFiniteLossError:
+        """The error for a non-finite loss: the batch's data when it holds NaN/Inf, else the first layer to blame.
+
+        The data are checked here, once the loss is not finite, rather than before every forward: the hot
+        path pays nothing, and non-finite data matter when they make the loss non-finite, which is when they
+        are found and named here, before any layer is blamed.
+        """
+        index = next(i for i, (xi, _) in enumerate(micro_batches) if xi is x)
+        for which, host in (("inputs", x), ("targets", y)):
+            host = np.asarray(host)
+            if host.dtype.kind not in "fc":
+                continue
+            bad = ~np.isfinite(host).reshape(len(host), -1)
+            if bad.any():
+                rows = np.flatnonzero(bad.any(axis=1))
+                return NonFiniteDataError(self.count + 1, value, which, index, len(micro_batches),
+                                          [int(r) for r in rows], int(bad.sum()))
+        return NonFiniteLossError(self.count + 1, value, self.first_nonfinite_layer(xd))
 
     def first_nonfinite_layer(self, x: Any) -> str | None:
         """Re-run the forward layer by layer to name the first layer whose output is not finite."""

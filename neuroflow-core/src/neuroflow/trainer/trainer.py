@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,7 +27,7 @@ from neuroflow.losses.base import Loss
 from neuroflow.losses.cross_entropy import CrossEntropy
 from neuroflow.memory.compression import build_compressor
 from neuroflow.operator import Operator
-from neuroflow.plugins import plugin_manager
+from neuroflow.plugins import call_hook, end_training
 from neuroflow.progress import print_epoch_metrics
 from neuroflow.trainer import budget, inference
 from neuroflow.trainer.checkpointing import Checkpointing
@@ -33,6 +35,7 @@ from neuroflow.trainer.loop import EpochRunner, Interruption
 from neuroflow.trainer.options import TrainerOptions
 from neuroflow.trainer.session import MemorySession
 from neuroflow.trainer.step import OptimisationStep
+from neuroflow.trainer.threads import TrainingThread, trains
 
 
 class Trainer:
@@ -61,6 +64,17 @@ class Trainer:
     step their ``param.grad`` is None. The first step runs as usual and
     finds them; the second is traced again. The updates are the same values.
 
+    Threads: ``predict`` and ``evaluate`` may be called from any thread at
+    any time. Calls that run the model take turns (the planned buffers and
+    the forward state each op keeps are the model's, one call's at a time):
+    a prediction waits for the call running, a training step included, and
+    then sees the weights of the last finished step; a step waits for a
+    running prediction. One thread trains a trainer at a time: ``fit``,
+    ``train_step``, ``resume`` or ``save_checkpoint`` from a second thread
+    while one trains raises :class:`~neuroflow.errors.TrainerInUseError`.
+    ``model.forward`` called directly is not thread-safe (an Operator keeps
+    its forward state on itself): use ``predict``, or one model per thread.
+
     Every keyword argument is a field of :class:`TrainerOptions`, which a
     config file and the command line fill in the same way; ``options=``
     passes one whole.
@@ -86,13 +100,16 @@ class Trainer:
         compressor = build_compressor(options.gradient_compression, options.compression_ratio,
                                       options.compression_threshold)
         self.memory = MemorySession(model, self.loss, self.optimizer, self.backend, options, compressor)
+        self.training_thread = TrainingThread()
         if options.update_in_backward:
             self.memory.check_streaming(options.clip_grad_norm)
+        # The parts call back through weak references: a Trainer nothing refers to is freed at once, and with it
+        # the checkpoint directory it holds (neuroflow.checkpoint.lock).
         self._steps = OptimisationStep(self.memory, scheduler, options.clip_grad_norm, options.update_in_backward,
-                                       self._step_ended)
+                                       _weakly(self._step_ended))
         self.checkpoints = Checkpointing(options.checkpoint_dir, options.checkpoint_every, options.keep_checkpoints)
         self._interruption = Interruption()
-        self._epochs = EpochRunner(self._steps, self._interruption, options.augment, self._after_step,
+        self._epochs = EpochRunner(self._steps, self._interruption, options.augment, _weakly(self._after_step),
                                    options.progress)
 
     # ------------------------------------------------------------------ what the parts hold
@@ -154,6 +171,11 @@ class Trainer:
         return self.options.progress
 
     @property
+    def epoch_in_progress(self) -> Any:
+        """The running sums (loss, correct, seen) of the epoch ``fit`` is in, which step checkpoints save; else None."""
+        return self._epochs.totals
+
+    @property
     def checkpoint_dir(self) -> str | os.PathLike[str] | None:
         return self.options.checkpoint_dir
 
@@ -170,6 +192,7 @@ class Trainer:
         return self.backend.memory_stats()
 
     # ------------------------------------------------------------------ training
+    @trains
     def train_step(self, x: Any, y: Any) -> float:
         """One optimisation step on host arrays ``x``, ``y``; returns the mean loss.
 
@@ -181,9 +204,11 @@ class Trainer:
             raise ConfigError(f"train_step got {len(x)} inputs and {len(y)} targets")
         if len(x) == 0:
             raise ConfigError("train_step got an empty batch")
-        loss, _ = self._steps.run(self._steps.split(x, y))
+        with self.checkpoints.naming_resume_point():
+            loss, _ = self._steps.run(self._steps.split(x, y))
         return loss
 
+    @trains
     def fit(self, data: Any, epochs: int = 1, val_data: Any = None) -> History:
         """Train for ``epochs`` over ``data``; returns the per-epoch History.
 
@@ -201,31 +226,24 @@ class Trainer:
         if steps_per_epoch == 0:
             raise ConfigError("the training data is empty")
         self.memory.ready()
-        resumed = self.checkpoints.take_resumed()
-        first, target, continuing = self.epoch + 1, self.epoch + epochs, False
-        if resumed is not None:
-            if epochs < self.epoch:
-                raise ConfigError(f"the checkpoint is in epoch {self.epoch}; fit(epochs={epochs}) would end before it")
-            state, target = resumed.data, epochs
-            if state is not None:
-                loader.load_state_dict(state)
-                # the loader's epochs count from 0; a position of 0 means the saved epoch had finished
-                first, continuing = int(state["epoch"]) + 1, int(state["position"]) > 0
+        plan = self.checkpoints.plan(loader, self.epoch, epochs)  # after resume(): the rest of that run
+        target = plan.last
         if self.scheduler is not None:
             self.scheduler.bind(self.optimizer.lr, steps_per_epoch, steps_per_epoch * target)
-        hooks = plugin_manager().hook
-        hooks.neuroflow_train_start(trainer=self)
+        call_hook("neuroflow_train_start", trainer=self)
         try:
             with self._interruption as stop:
-                for epoch in range(first, target + 1):
-                    if not (continuing and epoch == first):
+                for epoch in range(plan.first, target + 1):
+                    if not (plan.continuing and epoch == plan.first):
                         loader.set_epoch(epoch - 1)
                     self.epoch = epoch
-                    metrics = self._epochs.run(loader, epoch, target, steps_per_epoch)
+                    with self.checkpoints.naming_resume_point():
+                        metrics = self._epochs.run(plan.batches(epoch, loader), epoch, target, steps_per_epoch,
+                                                   plan.resumed_totals(epoch))
                     if val_data is not None and not stop.requested:
                         val = self.evaluate(val_data)
                         metrics.update({f"val_{key}": value for key, value in val.items()})
-                    hooks.neuroflow_epoch_end(trainer=self, epoch=self.epoch, metrics=metrics)
+                    call_hook("neuroflow_epoch_end", trainer=self, epoch=self.epoch, metrics=metrics)
                     self.history.append(metrics)
                     if self.checkpoints.every is not None and self._epochs.complete:
                         self.save_checkpoint(loader)  # again, now with the epoch's metrics in the history
@@ -234,8 +252,10 @@ class Trainer:
                     if stop.requested:
                         self.history.interrupted = True
                         break
-        finally:
-            hooks.neuroflow_train_end(trainer=self, history=self.history)
+        except BaseException as failure:  # the run ends with this error, whatever train_end hooks do
+            end_training(self, self.history, failure)
+            raise
+        end_training(self, self.history)  # a failing hook is warned about; the History is returned
         return self.history
 
     def request_stop(self) -> None:
@@ -243,34 +263,46 @@ class Trainer:
         self._interruption.request()
 
     def _step_ended(self, step: int, loss: float) -> None:
-        plugin_manager().hook.neuroflow_step_end(trainer=self, step=step, loss=loss)
+        self.checkpoints.observe(loss)  # the next checkpoint's verdict, good or bad
+        call_hook("neuroflow_step_end", trainer=self, step=step, loss=loss)
 
     def _after_step(self, loader: Any) -> None:
         if self.checkpoints.due(self.step):
             self.save_checkpoint(loader)
 
     # ------------------------------------------------------------------ checkpoints
+    @trains
     def save_checkpoint(self, loader: Any = None) -> Any:
         """Write model, optimizer, scheduler, RNG states, step and data position to ``checkpoint_dir`` atomically."""
         return self.checkpoints.save(self, loader)
 
+    @trains
     def resume(self, checkpoint: str | os.PathLike[str] | None = None) -> Any:
         """Restore the newest checkpoint in ``checkpoint`` (a directory or file; default ``checkpoint_dir``).
 
         The next ``fit(data, epochs=E)`` then finishes the interrupted run
         of E epochs from the step it stopped at; on cpu the result is bit
-        for bit what an uninterrupted run gives.
+        for bit what an uninterrupted run gives, History included. The
+        checkpoint's directory is this run's from then on (a live run's is
+        refused); the trainer's optimizer hyperparameters and scheduler win
+        over the checkpoint's, with a warning naming each difference (see
+        :mod:`neuroflow.checkpoint.training`).
         """
-        self.memory.ready()
-        return self.checkpoints.resume(self, checkpoint)
+        with self.memory.lock:  # a prediction running in another thread ends on the weights it started with
+            self.memory.ready()
+            return self.checkpoints.resume(self, checkpoint)
 
     # ------------------------------------------------------------------ inference
     def evaluate(self, data: Any) -> dict[str, float]:
-        """Mean loss (and accuracy for classification) over ``data`` in eval mode."""
+        """Mean loss (and accuracy for classification) over ``data`` in eval mode; safe from any thread."""
         return inference.evaluate(self.memory, self._loader(data, shuffle=False), self._steps.classification)
 
     def predict(self, x: Any) -> np.ndarray:
-        """Model outputs for host array ``x`` as a host array (class probabilities for CrossEntropy)."""
+        """Model outputs for host array ``x`` as a host array (class probabilities for CrossEntropy).
+
+        Safe from any thread: calls take turns, and one call sees one set of weights (those of the last
+        finished step while another thread trains).
+        """
         return inference.predict(self.memory, np.asarray(x), self.memory.batch_size)
 
     # ------------------------------------------------------------------ data
@@ -284,3 +316,15 @@ class Trainer:
         dataset = getattr(data, "dataset", None) or as_dataset(data)
         x, _ = dataset[np.arange(1)]
         return tuple(x.shape[1:])
+
+
+def _weakly(method: Callable[..., None]) -> Callable[..., None]:
+    """``method`` (bound) as a callback that does not keep its object alive; a no-op once the object is gone."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+
+    return call
