@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import textwrap
 from importlib import metadata
 from pathlib import Path
 
@@ -184,22 +183,6 @@ def test_failing_plugins_are_reported_and_skipped(fake_entry_points, capsys):
     out = capsys.readouterr().out
     assert "brokenbe" in out and "BrokenOp" in out
     assert main(["gradcheck", "Linear"]) == 0  # the broken plugins do not stop other commands
-
-
-@pytest.fixture
-def plugin_module(tmp_path, monkeypatch):
-    """Write an importable module (a plugin's code) and forget it after the test."""
-    names = []
-
-    def write(name, source):
-        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
-        names.append(name)
-        return name
-
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield write
-    for name in names:
-        sys.modules.pop(name, None)
 
 
 def test_plugins_shows_a_plugin_whose_hook_raised_in_this_process_as_failed(fake_entry_points, plugin_module,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from importlib import metadata
 
 import numpy as np
@@ -133,22 +132,6 @@ def test_hooks_are_called_by_the_trainer_lifecycle(fake_entry_points):
     trainer = nf.Trainer(nf.Sequential(ops.Linear(3, 2)), batch_size=4, progress=False, seed=0)
     trainer.fit((x, y), epochs=2)
     assert calls == ["start", "step1", "step2", "epoch1:True", "step3", "step4", "epoch2:True", "end2"]
-
-
-@pytest.fixture
-def plugin_module(tmp_path, monkeypatch):
-    """Write an importable module (a plugin's code) and forget it after the test."""
-    names = []
-
-    def write(name, source):
-        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
-        names.append(name)
-        return name
-
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield write
-    for name in names:
-        sys.modules.pop(name, None)
 
 
 HOOKS = """
