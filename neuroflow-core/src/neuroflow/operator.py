@@ -15,6 +15,7 @@ copy), :attr:`Operator.buffer_pool` for the buffer pool attached, and
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,45 @@ if TYPE_CHECKING:
     from neuroflow.backends.base import Backend
     from neuroflow.buffers.pool import BufferPool
     from neuroflow.buffers.trace import TracingPool
+
+
+_generations = itertools.count(1)
+_generation = 0
+
+
+def structure_generation() -> int:
+    """A number that changes whenever any operator gains or rebinds a parameter, buffer or child, moves to a
+    backend or changes dtype: a runtime that caches what it found by walking a model (its trainable
+    parameters, its modules, a validated input) keeps the cache while this number stays the same."""
+    return _generation
+
+
+def _structure_changed() -> None:
+    global _generation
+    _generation = next(_generations)  # one atomic step: a reader sees an old number or a new one, never a torn one
+
+
+def attach_pool_each(modules: list[Operator], pool: BufferPool | TracingPool | None) -> None:
+    """What ``model.attach_pool(pool)`` does, from the list ``list(model.modules())`` made while the model was as it
+    is now (:func:`structure_generation` unchanged) and none of them overrides ``attach_pool``: for a runtime
+    that lends its pool to a model for every call (the Trainer's session), without walking the tree each time."""
+    for module in modules:
+        object.__setattr__(module, "_pool", pool)
+
+
+def check_array(owner: object, x: Any, trailing: tuple[int, ...] | None, min_ndim: int, dtype: Any) -> None:
+    """Raise ShapeError naming ``owner`` unless ``x`` is a floating array of at least ``min_ndim`` dimensions ending
+    in ``trailing``, and of ``dtype`` (the owner's parameters') unless that is None: ``Operator.check_input``."""
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        raise ShapeError(f"{owner!r} got {type(x).__name__}; expected an array")
+    if len(shape) < min_ndim or (trailing is not None and tuple(shape[len(shape) - len(trailing):]) != trailing):
+        expected = "(*, " + ", ".join(map(str, trailing)) + ")" if trailing else f"{min_ndim}+ dimensions"
+        raise ShapeError(f"{owner!r} got input of shape {tuple(shape)}; expected {expected}")
+    if x.dtype.kind != "f":
+        raise ShapeError(f"{owner!r} got input of dtype {x.dtype}; expected a floating dtype (float32)")
+    if dtype is not None and x.dtype != dtype:
+        raise ShapeError(f"{owner!r} got input of dtype {x.dtype}; its parameters are {dtype}")
 
 
 class MemoryDeclaration:
@@ -77,6 +117,7 @@ class Operator:
     _backend: Backend | None
     _pool: Any
     _saved_input: Any
+    _checked_input: tuple[Any, ...] | None = None  # (shape, dtype, trailing, min_ndim, parameters' dtype) accepted
 
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", {})
@@ -88,10 +129,13 @@ class Operator:
 
     # ----------------------------------------------------------------- attributes
     def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, Tensor) and name not in self._buffers:
-            self._parameters[name] = value
+        if isinstance(value, Tensor):
+            if name not in self._buffers:
+                self._parameters[name] = value
+            _structure_changed()
         elif isinstance(value, Operator):
             self._children[name] = value
+            _structure_changed()
         object.__setattr__(self, name, value)
 
     def register_buffer(self, name: str, tensor: Tensor) -> None:
@@ -99,6 +143,7 @@ class Operator:
         self._buffers[name] = tensor
         self._parameters.pop(name, None)
         object.__setattr__(self, name, tensor)
+        _structure_changed()
 
     # ----------------------------------------------------------------- computation
     def forward(self, x: Any) -> Any:
@@ -235,6 +280,7 @@ class Operator:
             if tensor.grad is not None:
                 tensor.grad = backend.from_host(self.backend.to_host(tensor.grad))
         object.__setattr__(self, "_backend", backend)
+        _structure_changed()
         self._moved_to(backend)
         for child in self._children.values():
             child.to(backend)
@@ -253,6 +299,7 @@ class Operator:
             tensor.data = tensor.data.astype(dtype)
             if tensor.grad is not None:
                 tensor.grad = tensor.grad.astype(dtype)
+        _structure_changed()
         for child in self._children.values():
             child.astype(dtype)
         return self
@@ -326,20 +373,14 @@ class Operator:
             param.grad += value
 
     def check_input(self, x: Any, trailing: tuple[int, ...] | None = None, min_ndim: int = 1) -> None:
-        """Raise ShapeError naming this op unless ``x`` is a floating array ending in ``trailing``."""
-        shape = getattr(x, "shape", None)
-        if shape is None:
-            raise ShapeError(f"{self!r} got {type(x).__name__}; expected an array")
-        if len(shape) < min_ndim or (trailing is not None and tuple(shape[len(shape) - len(trailing):]) != trailing):
-            expected = "(*, " + ", ".join(map(str, trailing)) + ")" if trailing else f"{min_ndim}+ dimensions"
-            raise ShapeError(f"{self!r} got input of shape {tuple(shape)}; expected {expected}")
-        if x.dtype.kind != "f":
-            raise ShapeError(f"{self!r} got input of dtype {x.dtype}; expected a floating dtype (float32)")
+        """Raise ShapeError naming this op unless ``x`` is a floating array ending in ``trailing``, of the
+        parameters' dtype (:func:`check_array`); an input like the last one accepted passes at once."""
         params = self._parameters
-        if params:
-            pdtype = next(iter(params.values())).data.dtype
-            if x.dtype != pdtype:
-                raise ShapeError(f"{self!r} got input of dtype {x.dtype}; its parameters are {pdtype}")
+        pdtype = next(iter(params.values())).data.dtype if params else None
+        key = (getattr(x, "shape", None), getattr(x, "dtype", None), trailing, min_ndim, pdtype)
+        if key != self._checked_input:
+            check_array(self, x, trailing, min_ndim, pdtype)
+            object.__setattr__(self, "_checked_input", key)
 
     def get_config(self) -> dict[str, Any]:
         """Constructor arguments that rebuild this operator (saved in model files)."""

@@ -57,8 +57,8 @@ class FlatParameters:
         if not skip or self.grad.shape != self.data.shape:  # after drop_gradients, skip no longer applies
             self.grad.fill(0)
             return
-        key = frozenset(skip)
-        if key != self._zeroed_for:
+        if skip != self._zeroed_for:  # a set compares with the frozenset kept: nothing built on the usual step
+            key = frozenset(skip)
             self._zero_ranges, self._zeroed_for = self._ranges_outside(key), key
         for start, stop in self._zero_ranges:
             self.grad[start:stop].fill(0)

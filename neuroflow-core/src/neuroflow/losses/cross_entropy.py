@@ -5,10 +5,23 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from neuroflow.backends import kernels
 from neuroflow.backends.namespaces import array_namespace
 from neuroflow.errors import ShapeError
 from neuroflow.losses.base import Loss
+
+_UNSIGNED = {size: np.dtype(f"u{size}") for size in (1, 2, 4, 8)}
+
+
+def _mean(xp: Any, a: Any) -> float:
+    """``float(a.mean())`` for a 1-D array; on numpy the same arithmetic without ``mean``'s Python layer: the
+    pairwise float sum, then divided by the count as numpy's mean divides (in double, rounded to the dtype)."""
+    if xp is not np:
+        return float(a.mean())
+    total = np.add.reduce(a)
+    return float(total.dtype.type(total / np.intp(a.shape[0])))
 
 
 class CrossEntropy(Loss):
@@ -25,6 +38,7 @@ class CrossEntropy(Loss):
         self.label_smoothing = float(label_smoothing)
         self._probs: Any = None
         self._labels: Any = None
+        self._per_row: tuple[Any, Any, Any] | None = None
 
     def forward(self, pred: Any, target: Any) -> float:
         if getattr(pred, "ndim", 0) != 2:
@@ -48,25 +62,40 @@ class CrossEntropy(Loss):
             return value
         if n:
             self._check_labels(target, c)
-        xp.subtract(pred, pred.max(axis=1, keepdims=True), out=z)
-        rows = xp.arange(n)
+        rows, row = self._rows(xp, n, pred.dtype)
+        (np.maximum.reduce if xp is np else xp.max)(pred, axis=1, keepdims=True, out=row)  # numpy: no Python layer
+        xp.subtract(pred, row, out=z)
         shifted_label = z[rows, target]
         shifted_mean = z.mean(axis=1) if self.label_smoothing else None
         xp.exp(z, out=z)
-        sums = z.sum(axis=1, keepdims=True)
+        sums = (np.add.reduce if xp is np else xp.sum)(z, axis=1, keepdims=True, out=row)  # the row maxima are spent: their buffer takes the sums
         z /= sums
         self._probs, self._labels = z, target
         if not n:
             return 0.0
         log_norm = xp.log(sums[:, 0])
-        nll = float((log_norm - shifted_label).mean())
         if self.label_smoothing:
-            smooth = float((log_norm - shifted_mean).mean())
-            return (1.0 - self.label_smoothing) * nll + self.label_smoothing * smooth
-        return nll
+            smooth = _mean(xp, log_norm - shifted_mean)
+            return (1.0 - self.label_smoothing) * _mean(xp, log_norm - shifted_label) + self.label_smoothing * smooth
+        xp.subtract(log_norm, shifted_label, out=log_norm)
+        return _mean(xp, log_norm)
+
+    def _rows(self, xp: Any, n: int, dtype: Any) -> tuple[Any, Any]:
+        """``xp.arange(n)`` (the rows the labels pick from) and an (n, 1) scratch of ``dtype`` for per-row
+        values, made once per batch size, dtype and namespace: small, and not planned (as the temporaries
+        they replace were not)."""
+        held = self._per_row
+        if held is None or held[0] is not xp or held[2].shape[0] != n or held[2].dtype != dtype:
+            held = self._per_row = (xp, xp.arange(n), xp.empty((n, 1), dtype))
+        return held[1], held[2]
 
     @staticmethod
     def _check_labels(target: Any, c: int) -> None:
+        if isinstance(target, np.ndarray):
+            # one reduction: read as unsigned, a negative label is larger than any class index
+            unsigned = target.view(_UNSIGNED[target.dtype.itemsize])
+            if int(np.maximum.reduce(unsigned, axis=None)) < c:
+                return
         low, high = int(target.min()), int(target.max())
         if low < 0 or high >= c:
             raise ShapeError(f"CrossEntropy got labels outside [0, {c}): min {low}, max {high}")
@@ -85,7 +114,7 @@ class CrossEntropy(Loss):
         eps = self.label_smoothing
         if eps:
             g -= eps / c
-        g[xp.arange(n), labels] -= 1.0 - eps
+        g[self._rows(xp, n, g.dtype)[0], labels] -= 1.0 - eps
         g *= scale / max(n, 1)
         return g
 

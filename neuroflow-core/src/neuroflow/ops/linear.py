@@ -41,26 +41,26 @@ class Linear(Operator):
 
     def forward(self, x: Any) -> Any:
         self.check_input(x, (self.in_features,))
-        xp = self.xp
-        x2 = x.reshape(-1, self.in_features)
+        flat = x.ndim == 2  # the common (batch, features) input needs no reshaping, in or out
+        x2 = x if flat else x.reshape(-1, self.in_features)
         y = self.buffer("y", (x2.shape[0], self.out_features), x.dtype)
         fused = self.fused(kernels.LINEAR.name, x2) if self.has_bias else None
         if fused is not None:
             fused(x2, self.weight.data, self.bias.data, y)
         else:
-            xp.matmul(x2, self.weight.data.T, out=y)
+            self.xp.matmul(x2, self.weight.data.T, out=y)
             if self.has_bias:
                 y += self.bias.data
-        self._x = x2
-        return y.reshape(*x.shape[:-1], self.out_features)
+        object.__setattr__(self, "_x", x2)  # forward state, not a parameter or child: no bookkeeping
+        return y if flat else y.reshape(*x.shape[:-1], self.out_features)
 
     def backward(self, grad_out: Any) -> Any:
         x2 = self._x
         if x2 is None:
             raise RuntimeError(f"{self!r}.backward called before forward")
         xp = self.xp
-        g2 = grad_out.reshape(-1, self.out_features)
-        if g2.shape[0] != x2.shape[0]:
+        g2 = grad_out if grad_out.ndim == 2 else grad_out.reshape(-1, self.out_features)
+        if g2.shape != (x2.shape[0], self.out_features):
             raise ShapeError(f"{self!r}.backward got gradient of shape {grad_out.shape}; forward batch was {x2.shape[0]}")
         gx = None
         if self.needs_input_grad:  # before the weight gradient: a Trainer may apply the update as it arrives
@@ -77,8 +77,8 @@ class Linear(Operator):
                 self.accumulate_grad(self.bias, gb)
         else:
             self._weight_and_bias_grads(xp, g2, x2)
-        if gx is None:
-            return None
+        if gx is None or grad_out.ndim == 2:
+            return gx
         return gx.reshape(*grad_out.shape[:-1], self.in_features)
 
     def _weight_and_bias_grads(self, xp: Any, g2: Any, x2: Any) -> None:

@@ -56,7 +56,16 @@ class SGD(Optimizer):
                   first=self.step_count == 1)
             return
         buf = state.get("momentum_buffer")
-        if buf is None:
+        if buf is None and not self.weight_decay:
+            # plain SGD: p -= lr · g, a chunk at a time through the scratch (the same two passes as below)
+            xp, scratch = self._xp, self._scratch
+            size, step = int(data.shape[0]), int(scratch.shape[0])
+            for start in range(0, size, step):
+                stop = min(start + step, size)
+                part = scratch[:stop - start]
+                xp.multiply(grad[start:stop], lr, out=part)
+                data[start:stop] -= part
+        elif buf is None:
             for data_c, grad_c, scratch in self._chunks(data, grad):
                 self._update_chunk(data_c, grad_c, None, scratch, lr)
         else:

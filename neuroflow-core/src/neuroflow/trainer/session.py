@@ -9,9 +9,7 @@ accumulation to a memory budget is in :mod:`neuroflow.trainer.budget`.
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,7 +28,7 @@ from neuroflow.lora import mark_only_lora_as_trainable
 from neuroflow.losses.base import Loss
 from neuroflow.memory.compression import GradientCompressor
 from neuroflow.memory.offload import OffloadManager
-from neuroflow.operator import Operator
+from neuroflow.operator import Operator, attach_pool_each, structure_generation
 from neuroflow.optim.base import Optimizer
 from neuroflow.optim.streaming import StreamedUpdates
 from neuroflow.registry import allocators
@@ -69,12 +67,44 @@ class MemorySession:
         self.offload: OffloadManager | None = None
         self.streamed: StreamedUpdates | None = None  # once updates run inside backward
         self.lock = threading.RLock()  # re-entrant: fit evaluates inside a training call, a hook may predict
+        # What the last full check in _pack found, kept while nothing changed (see _packed_still): the operator
+        # trees' generation, every parameter of the model with its requires_grad, and the modules lend() lends
+        # the pool to (None where one overrides attach_pool: lend then calls the model's).
+        self._packed_at: tuple[int, Operator, FlatParameters] | None = None
+        self._all_params: list[Any] = []
+        self._trainable_flags: list[bool] = []
+        self._lent_to: list[Operator] | None = None
 
     # ------------------------------------------------------------------ placing and packing
     def ready(self) -> FlatParameters:
-        """Place the model on the backend, pack its parameters and bind the optimizer (once); the flat buffers."""
+        """Place the model on the backend, pack its parameters and bind the optimizer (once); the flat buffers.
+
+        Each call checks that the packing still holds: at once when no operator changed since the last full
+        check (:func:`~neuroflow.operator.structure_generation`), every parameter keeps its ``requires_grad``
+        and the packed ones still hold their views; otherwise by walking the model, as the first call does.
+        """
         with self.lock:
-            return self._pack()
+            flat = self.flat
+            if flat is not None and self._packed_still(flat):
+                return flat
+            flat = self._pack()
+            self._remember_packing(flat)
+            return flat
+
+    def _packed_still(self, flat: FlatParameters) -> bool:
+        packed = self._packed_at
+        return (packed is not None and packed[0] == structure_generation() and packed[1] is self.model
+                and packed[2] is flat and [p.requires_grad for p in self._all_params] == self._trainable_flags
+                and flat.owns(flat.params))
+
+    def _remember_packing(self, flat: FlatParameters) -> None:
+        model = self.model
+        self._all_params = model.parameters()
+        self._trainable_flags = [p.requires_grad for p in self._all_params]
+        modules = list(model.modules())
+        default = Operator.attach_pool
+        self._lent_to = modules if all(type(m).attach_pool is default for m in modules) else None
+        self._packed_at = (structure_generation(), model, flat)
 
     def _pack(self) -> FlatParameters:
         if self.options.lora_fusion and self.flat is None:
@@ -109,6 +139,7 @@ class MemorySession:
         with self.lock:
             self.attach(None)
             self.model, self.flat, self.plan, self.streamed = model, None, None, None
+            self._packed_at, self._lent_to = None, None
             self.attach(None)
 
     def place_for_inference(self) -> None:
@@ -128,22 +159,24 @@ class MemorySession:
         self.model.attach_pool(pool)
         self.loss.attach_pool(pool)
 
-    @contextlib.contextmanager
-    def lend(self) -> Iterator[None]:
-        """Run the model on the session's buffers for one call, and take them back after it.
+    def lend(self) -> _Lending:
+        """Run the model on the session's buffers for one call, and take them back after it (``with lend():``).
 
         Between trainer calls the model has no pool, so ``model.forward(x)``
         returns an array of its own, as users expect; inside a call, outputs
         are the planned buffers the next step reuses. A call from another
         thread waits here until the running one has ended (see ``lock``).
         """
-        with self.lock:
-            if self.pool is not None:
-                self.model.attach_pool(self.pool)
-            try:
-                yield
-            finally:
-                self.model.attach_pool(None)
+        return _Lending(self)
+
+    def lend_pool(self, pool: BufferPool | TracingPool | None) -> None:
+        """``model.attach_pool(pool)`` (what :meth:`lend` does at each end), over the modules the last packing listed
+        while the model is as it was."""
+        packed, modules = self._packed_at, self._lent_to
+        if modules is None or packed is None or packed[0] != structure_generation() or packed[1] is not self.model:
+            self.model.attach_pool(pool)
+            return
+        attach_pool_each(modules, pool)
 
     # ------------------------------------------------------------------ one step's memory
     def prepare_step(self, flat: FlatParameters, sample_shape: tuple[int, ...], largest: int) -> None:
@@ -227,3 +260,31 @@ class MemorySession:
                               f"it cannot be combined with {', '.join(conflicts)}")
         if self.backend.xp is not np:
             raise ConfigError(f"update_in_backward runs on the cpu backend only; this trainer is on {self.backend.name!r}")
+
+
+class _Lending:
+    """The context :meth:`MemorySession.lend` returns: the session's lock held and its pool lent to the model for
+    the block (a class rather than a generator-based context manager: entered once per step, it costs less)."""
+
+    __slots__ = ("session",)
+
+    def __init__(self, session: MemorySession) -> None:
+        self.session = session
+
+    def __enter__(self) -> None:
+        session = self.session
+        session.lock.acquire()
+        try:
+            pool = session.pool
+            if pool is not None:
+                session.lend_pool(pool)
+        except BaseException:
+            session.lock.release()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        session = self.session
+        try:
+            session.lend_pool(None)
+        finally:
+            session.lock.release()
