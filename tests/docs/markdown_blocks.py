@@ -6,7 +6,8 @@ the rest, so the options cost readers nothing. Options the doc tests understand:
 - ``file=PATH``: the block is a file of the walk-through; it is written to ``PATH`` in the page's
   working directory (any language) instead of being run.
 - ``requires=cuda``: run only where the ``cuda`` backend can run (CuPy and an NVIDIA GPU); elsewhere
-  the block is reported as skipped, with the reason.
+  the block is reported as skipped, with the reason. ``requires=mpi``: likewise, where mpi4py, an
+  ``mpiexec`` and neuroflow-distributed are installed.
 - ``cwd=repo``: a ``console`` block whose commands run in the repository root (contributor commands
   such as ``pytest tests/core/...``) rather than in the page's working directory.
 - ``norun``: not run (installers, ``make`` targets that would recurse); reported as skipped, and its

@@ -73,6 +73,13 @@ def cuda_runs_here() -> bool:
         return False
 
 
+def mpi_runs_here() -> bool:
+    import importlib.util
+
+    found = all(importlib.util.find_spec(m) is not None for m in ("mpi4py", "neuroflow_distributed"))
+    return found and (Path(sys.executable).with_name("mpiexec").exists() or shutil.which("mpiexec") is not None)
+
+
 def shell_env(workdir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -125,6 +132,8 @@ def test_doc_block_runs(block: Block, tmp_path_factory: pytest.TempPathFactory,
         pytest.skip(f"{block.label}: marked norun (installs or make targets); its pip install lines were checked")
     if block.options.get("requires") == "cuda" and not cuda_runs_here():
         pytest.skip(f"{block.label}: needs the cuda backend (CuPy and an NVIDIA GPU), not available here")
+    if block.options.get("requires") == "mpi" and not mpi_runs_here():
+        pytest.skip(f"{block.label}: needs MPI (pip install -e 'neuroflow-distributed[mpich]'), not installed here")
     if block.language in ("text", "mermaid") and "file" not in block.options:
         return  # shown, not run: output samples and diagrams
     run = page_run(block.page, tmp_path_factory)
@@ -144,6 +153,6 @@ def test_every_page_has_a_block_that_runs() -> None:
     for page in PAGES:
         blocks = [b for b in BLOCKS if b.page == page]
         runnable = [b for b in blocks if "norun" not in b.options
-                    and b.options.get("requires") != "cuda" and b.language not in ("text", "mermaid")]
+                    and b.options.get("requires") not in ("cuda", "mpi") and b.language not in ("text", "mermaid")]
         assert runnable or not blocks or page.name.lower() == "contributing.md", \
             f"{page} has no block that the doc tests run"

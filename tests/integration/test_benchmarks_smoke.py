@@ -127,6 +127,24 @@ def test_resnet18_benchmark_times_the_registry_model_in_one_process(monkeypatch)
     assert summary["benchmark"] == "resnet18" and list(summary["results"][0]["median_ms"]) == names
 
 
+def test_detector_benchmark_times_training_and_inference_in_one_process():
+    done = _run("detector.py", "--quick", "--repeats", "1", "--steps", "1", "--warmup", "0", "--separate-processes")
+    names = ["NeuroFlow", *(["PyTorch"] if HAS_TORCH else [])]
+    ratios, throughput, rss = markdown_tables(done.stdout)
+    whats = ["train step, batch 16", "inference, batch 1", "inference, batch 16"]
+    assert [(row[0], row[2]) for row in ratios[1:]] == [(what, name) for what in whats for name in names]
+    for what in whats:
+        group = [ratios[0]] + [row for row in ratios[1:] if row[0] == what]
+        check_ratio_table([row[1:] for row in group], ["threads"],
+                          {n: ("PyTorch" if HAS_TORCH and n != "PyTorch" else None) for n in names})
+    assert [row[0] for row in throughput[1:]] == whats
+    assert all(float(cell) > 0 for row in throughput[1:] for cell in row[2:2 + len(names)])
+    assert rss[0][:2] == ["threads", "NeuroFlow ms"] and f"{names[-1]} RSS rise MB" in rss[0]
+    summary = json_line(done.stdout)
+    assert summary["benchmark"] == "detector" and [r["what"] for r in summary["results"]] == whats
+    assert set(summary["rss_rise_kb"][0]) == set(names)
+
+
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args],
                           capture_output=True, text=True, timeout=300, check=False)

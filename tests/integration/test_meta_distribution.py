@@ -21,7 +21,7 @@ def test_every_extra_names_a_distribution_here_and_its_extra():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     dists = _distributions()
     assert meta["name"] == "neuroflow" and meta["dependencies"] == ["neuroflow-core"]
-    assert {"vision", "recurrent", "opencl", "cuda", "all"} <= set(meta["optional-dependencies"])
+    assert {"vision", "recurrent", "opencl", "cuda", "distributed", "all"} <= set(meta["optional-dependencies"])
     for extra, requirements in meta["optional-dependencies"].items():
         for requirement in requirements:
             name, _, inner = re.fullmatch(r"([a-z0-9-]+)(\[([a-z0-9]+)\])?", requirement).groups()

@@ -1,4 +1,4 @@
-"""Entry-point registries: backends, ops, allocators, models, datasets, ONNX converters and plugins, loaded only when used."""
+"""Entry-point registries: backends, ops, allocators, models, datasets, losses, ONNX converters and plugins, loaded only when used."""
 
 from __future__ import annotations
 
@@ -20,12 +20,15 @@ KNOWN_PROVIDERS: dict[str, dict[str, str]] = {
         **{name: "neuroflow-ops-vision" for name in (
             "Conv2d", "DepthwiseConv2d", "SeparableConv2d", "BatchNorm2d", "MaxPool2d", "AvgPool2d",
             "GlobalAvgPool2d", "SqueezeExcite", "Upsample", "ChannelConcat", "ConvertLayout", "BasicBlock", "ResNet",
+            "YoloLite",
         )},
         **{name: "neuroflow-ops-recurrent" for name in ("Elman", "WaveletElman", "GRU", "LSTM")},
     },
-    "neuroflow_models": {"resnet18": "neuroflow-ops-vision", "neuroflow_cnn": "neuroflow-ops-vision"},
-    "neuroflow_datasets": {"sunspots": "neuroflow-ops-recurrent"},
+    "neuroflow_models": {name: "neuroflow-ops-vision" for name in ("resnet18", "neuroflow_cnn", "yolo_lite")},
+    "neuroflow_datasets": {"sunspots": "neuroflow-ops-recurrent", "digit_canvases": "neuroflow-ops-vision"},
+    "neuroflow_losses": {"DetectionLoss": "neuroflow-ops-vision"},
     "neuroflow_allocators": {},
+    "neuroflow_communicators": {"mpi": "neuroflow-distributed", "nccl": "neuroflow-distributed"},
     "neuroflow_plugins": {},
 }
 
@@ -159,7 +162,11 @@ ops = Registry("neuroflow_ops", "op")
 allocators = Registry("neuroflow_allocators", "allocator")
 models = Registry("neuroflow_models", "model")
 datasets = Registry("neuroflow_datasets", "dataset")
+#: losses beyond :mod:`neuroflow.losses` (a detector's), named by ``[loss] type`` in a config
+losses = Registry("neuroflow_losses", "loss function")
 onnx_converters = Registry("neuroflow_onnx", "ONNX converter")
+#: data-parallel communicators (neuroflow-distributed's ``mpi`` and ``nccl``), named by ``Trainer(distributed=...)``
+communicators = Registry("neuroflow_communicators", "communicator")
 plugins = Registry("neuroflow_plugins", "plugin")
 
-ALL = (backends, ops, allocators, models, datasets, onnx_converters, plugins)
+ALL = (backends, ops, allocators, models, datasets, losses, onnx_converters, communicators, plugins)

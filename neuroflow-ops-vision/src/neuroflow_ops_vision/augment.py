@@ -6,6 +6,12 @@ bilinearly, on the array namespace of the batch (numpy on the cpu backend,
 the device's namespace on others): four gathers and a weighted sum, whatever
 the number of transforms composed. Colour jitter (brightness, contrast) is a
 per-sample affine map of the values applied after resampling.
+
+Given detection targets too (``aug(x, boxes)``, boxes a padded ``(N, M, 5)``
+batch of ``(class, x1, y1, x2, y2)`` rows in pixels), the same geometry
+moves the boxes: each becomes the box enclosing its four transformed
+corners, clipped to the image; one left too small is dropped (a padding
+row, class -1), and the kept rows of an image come first.
 """
 
 from __future__ import annotations
@@ -46,16 +52,29 @@ class StreamAugmenter:
     batch's shape and dtype. The same ``seed`` gives the same sequence of
     augmented batches; ``seed=None`` draws one from ``nf.manual_seed``.
 
+    ``aug(x, targets) -> (x_aug, targets_aug)`` moves detection boxes, a
+    padded ``(N, M, 5)`` batch, with the pixels; a box whose clipped width or
+    height is under ``min_box_size`` pixels, or that keeps less than
+    ``min_box_visible`` of its transformed area inside the image, is dropped.
+    Other targets (a label or vector per sample) are returned unchanged. The
+    Trainer passes a batch's targets to an augmenter whose
+    ``transforms_targets`` attribute is true, as this one's is.
+
     Example::
 
         aug = StreamAugmenter(rotation=10, scale=(0.9, 1.1), translate=(0.1, 0.1), seed=0)
         x_aug = aug(x_batch)
+        x_aug, boxes_aug = aug(x_batch, boxes)
     """
+
+    #: The Trainer calls ``aug(x, targets)`` (not ``aug(x)``) on an augmenter that declares this.
+    transforms_targets = True
 
     def __init__(self, rotation: float = 0.0, scale: tuple[float, float] = (1.0, 1.0),
                  translate: tuple[float, float] = (0.0, 0.0), hflip: float = 0.0, vflip: float = 0.0,
                  brightness: float = 0.0, contrast: float = 0.0, fill: float = 0.0,
-                 clip: tuple[float, float] | None = None, layout: str = "NCHW", seed: int | None = None) -> None:
+                 clip: tuple[float, float] | None = None, layout: str = "NCHW", seed: int | None = None,
+                 min_box_size: float = 2.0, min_box_visible: float = 0.25) -> None:
         self.rotation = float(rotation)
         self.scale = (float(scale[0]), float(scale[1]))
         self.translate = (float(translate[0]), float(translate[1]))
@@ -64,6 +83,10 @@ class StreamAugmenter:
         self.fill = float(fill)
         self.clip = None if clip is None else (float(clip[0]), float(clip[1]))
         self.layout = check_layout(layout, "StreamAugmenter")
+        self.min_box_size, self.min_box_visible = float(min_box_size), float(min_box_visible)
+        if not (self.min_box_size >= 0 and 0 <= self.min_box_visible <= 1):
+            raise ValueError(f"StreamAugmenter: min_box_size must be ≥ 0 pixels and min_box_visible in [0, 1]; "
+                             f"got {min_box_size} and {min_box_visible}")
         if not 0 < self.scale[0] <= self.scale[1]:
             raise ValueError(f"StreamAugmenter: scale must be (low, high) with 0 < low ≤ high; got {scale}")
         for name in ("hflip", "vflip"):
@@ -112,7 +135,7 @@ class StreamAugmenter:
         return back @ linear @ centre
 
     # ------------------------------------------------------------------ device side
-    def __call__(self, x: Any) -> Any:
+    def __call__(self, x: Any, targets: Any = None) -> Any:
         shape = tuple(getattr(x, "shape", ()))
         if len(shape) != 4 or getattr(x, "dtype", np.dtype("O")).kind != "f":
             raise ShapeError(
@@ -121,14 +144,57 @@ class StreamAugmenter:
             )
         n = shape[0]
         h, w = (shape[2], shape[3]) if self.layout == "NCHW" else (shape[1], shape[2])
+        boxes = None if targets is None else self._box_targets(targets, n)
         u = self._draw(n)
         xp = _namespace(x)
-        y = self.resample(x, np.linalg.inv(self.matrices(u, h, w))) if self.has_geometry else xp.array(x, copy=True)
+        forward = self.matrices(u, h, w) if self.has_geometry else None
+        y = xp.array(x, copy=True) if forward is None else self.resample(x, np.linalg.inv(forward))
         if self.brightness or self.contrast:
             self._jitter(xp, y, u[:, 6], u[:, 7])
         if self.clip is not None:
             xp.clip(y, self.clip[0], self.clip[1], out=y)
-        return y
+        if targets is None:
+            return y
+        if boxes is None:
+            return y, targets
+        return y, boxes.copy() if forward is None else self.transform_boxes(boxes, forward, h, w)
+
+    @staticmethod
+    def _box_targets(targets: Any, n: int) -> np.ndarray | None:
+        """``targets`` as a host (N, M, 5) box batch; None for per-sample targets, which geometry leaves alone."""
+        shape = tuple(getattr(targets, "shape", np.shape(targets)))
+        if not shape or shape[0] != n:
+            raise ShapeError(f"StreamAugmenter got {n} images and targets of shape {shape}; expected one target "
+                             "(row of boxes) per image")
+        if len(shape) <= 2:
+            return None
+        if len(shape) != 3 or shape[2] != 5:
+            raise ShapeError(f"StreamAugmenter: box targets must have shape (N, M, 5) (class, x1, y1, x2, y2); "
+                             f"got {shape}")
+        return np.asarray(targets)
+
+    def transform_boxes(self, boxes: np.ndarray, forward: np.ndarray, height: int, width: int) -> np.ndarray:
+        """The (N, M, 5) boxes moved by the forward maps ``forward`` (N, 3, 3): enclosing boxes of the corners,
+        clipped to the image, the too-small ones dropped (class -1) after the kept ones."""
+        real = boxes[:, :, 0] != -1
+        # corners in the matrices' coordinates, where pixel (i, j) has its centre at (j, i)
+        xs = boxes[:, :, [1, 3, 3, 1]].astype(np.float64) - 0.5
+        ys = boxes[:, :, [2, 2, 4, 4]].astype(np.float64) - 0.5
+        m = forward[:, None, None, :, :]
+        tx = m[..., 0, 0] * xs + m[..., 0, 1] * ys + m[..., 0, 2] + 0.5
+        ty = m[..., 1, 0] * xs + m[..., 1, 1] * ys + m[..., 1, 2] + 0.5
+        x1, x2, y1, y2 = tx.min(axis=2), tx.max(axis=2), ty.min(axis=2), ty.max(axis=2)
+        full = (x2 - x1) * (y2 - y1)
+        x1, x2 = np.clip(x1, 0, width), np.clip(x2, 0, width)
+        y1, y2 = np.clip(y1, 0, height), np.clip(y2, 0, height)
+        bw, bh = x2 - x1, y2 - y1
+        keep = real & (bw > 0) & (bh > 0) & (bw >= self.min_box_size) & (bh >= self.min_box_size)
+        keep &= bw * bh >= self.min_box_visible * full
+        moved = np.stack([boxes[:, :, 0], x1, y1, x2, y2], axis=2).astype(boxes.dtype)
+        moved[~keep] = 0
+        moved[:, :, 0][~keep] = -1
+        order = np.argsort(~keep, axis=1, kind="stable")  # kept rows first, in their order
+        return np.take_along_axis(moved, order[:, :, None], axis=1)
 
     def _grid(self, xp: Any, h: int, w: int) -> Any:
         key = (id(xp), h, w)

@@ -89,6 +89,8 @@ class ResumeInfo:
     verdict: Verdict | None = None
     newest_good: Path | None = None
     run: str | None = None
+    #: how many data-parallel ranks trained up to it (None: a checkpoint from before this was recorded)
+    ranks: int | None = None
 
     @property
     def diverging(self) -> bool:
@@ -133,6 +135,7 @@ def save_training_checkpoint(
     totals = trainer.epoch_in_progress
     meta["training"] = compact_json({
         "step": int(trainer.step), "epoch": int(trainer.epoch), "seed": int(trainer.seed),
+        "ranks": int(getattr(getattr(trainer, "parallel", None), "size", 1)),  # data-parallel ranks
         "run": {"id": run.id, "saved_at": time.time()},
         "verdict": None if verdict is None else verdict.as_json(), "divergence": watch,
         "epoch_totals": None if totals is None else totals.state_dict(),
@@ -220,7 +223,8 @@ def load_training_checkpoint(
     target = Path(path_or_directory)
     run = trainer.checkpoints.run
     folder = target if target.is_dir() else target.parent
-    _claim_to_resume(run, folder)
+    if getattr(trainer.checkpoints, "writes", True):  # a data-parallel rank other than 0 writes nothing: no lock
+        _claim_to_resume(run, folder)
     found = listing.entries(folder)
     current = listing.current_run(found)
     if not target.is_dir():
@@ -331,7 +335,7 @@ def _restore(trainer: Trainer, path: Path, loader: DataLoader | None, *, continu
     resume_settings.warn_differences(path, state["step"], differences)
     return ResumeInfo(opened.header.path, state["step"], state["epoch"], state["data"], state["epoch_totals"],
                       verdict_from(state["verdict"]), listing.checkpoint_at(path.parent, run.losses.newest_good),
-                      run.id)
+                      run.id, state.get("ranks"))
 
 
 def _training_state(opened: ModelFile) -> dict[str, Any]:

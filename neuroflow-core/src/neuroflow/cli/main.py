@@ -15,7 +15,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import neuroflow
-from neuroflow.cli import bench, debug_backward, doctor, export, gradcheck, mem_profile, plugins, train
+from neuroflow.cli import (
+    bench,
+    debug_backward,
+    doctor,
+    evaluate,
+    export,
+    gradcheck,
+    mem_profile,
+    plugins,
+    predict,
+    train,
+)
 from neuroflow.cli.exit_codes import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE
 from neuroflow.errors import ConfigError, NeuroFlowError, UnknownNameError
 from neuroflow.plugins import hook_failed, plugin_manager
@@ -28,6 +39,8 @@ TRACEBACK_ENV = "NEUROFLOW_TRACEBACK"
 
 def _builtin_commands(register: Callable[..., None]) -> None:
     register("train", train.HELP, train.configure, train.run)
+    register("evaluate", evaluate.HELP, evaluate.configure, evaluate.run)
+    register("predict", predict.HELP, predict.configure, predict.run)
     register("mem-profile", mem_profile.HELP, mem_profile.configure, mem_profile.run)
     register("plugins", plugins.HELP, plugins.configure, plugins.run)
     register("backends", plugins.BACKENDS_HELP, plugins.configure, plugins.run_backends)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow import registry
 from neuroflow.checkpoint import save
 from neuroflow.cli.arguments import positive_int
 from neuroflow.config import Config, SeriesWindows, load_config
@@ -29,6 +31,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                                        "directory), overriding the config's [output] save")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest checkpoint in the config's checkpoint_dir")
+    parser.add_argument("--max-steps", type=positive_int, help="override the config's max_steps: stop after this "
+                                                               "many optimisation steps")
+    parser.add_argument("--nproc", type=positive_int, metavar="N",
+                        help="train data-parallel in N processes started with MPI's mpiexec (needs "
+                             "neuroflow-distributed: pip install 'neuroflow-distributed[mpich]')")
 
 
 def _saver(config: Config) -> Callable[..., Any] | None:
@@ -52,41 +59,102 @@ def _report_forecast(trainer: Any, test: SeriesWindows) -> None:
     print(f"the model {verdict} persistence: its MSE is {ratio:.2f}× persistence's")
 
 
+def _worker_argv(args: argparse.Namespace) -> list[str]:
+    """This command's arguments for each of the ``--nproc`` workers: the same, less ``--nproc``."""
+    argv = ["train", str(args.config)]
+    for flag, value in (("--epochs", args.epochs), ("--device", args.device), ("--batch-size", args.batch_size),
+                        ("--save", args.save), ("--max-steps", args.max_steps)):
+        if value is not None:
+            argv += [flag, str(Path(value).resolve()) if flag == "--save" else str(value)]
+    return [*argv, "--resume"] if args.resume else argv
+
+
+def _launch(args: argparse.Namespace, config: Config) -> int:
+    """Start ``args.nproc`` workers of this command through the communicator's ``launch`` (neuroflow-distributed's
+    ``mpi`` starts them with ``mpiexec``); the core only looks the communicator up by its entry-point name."""
+    name = config.trainer.get("distributed") or "auto"
+    name = "mpi" if name == "auto" else name
+    factory = registry.communicators.get(name)  # not installed: the error says to install neuroflow-distributed
+    launch = getattr(factory, "launch", None)
+    if launch is None:
+        raise ConfigError(f"communicator {name!r} cannot start processes itself; start them with your launcher "
+                          f"(mpiexec -n {args.nproc} neuroflow train {args.config})")
+    return int(launch(args.nproc, _worker_argv(args), name))
+
+
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config).with_overrides(epochs=args.epochs, device=args.device,
-                                                     batch_size=args.batch_size)
-    if args.save is not None:  # made absolute, so it is not taken relative to the config file
-        config = dataclasses.replace(config, output={**(config.output or {}), "save": str(Path(args.save).resolve())})
+                                                     batch_size=args.batch_size, max_steps=args.max_steps)
     if args.resume and "checkpoint_dir" not in config.trainer:
         raise ConfigError("--resume needs checkpoint_dir = \"...\" in the config: the directory the run's "
                           "checkpoints were written to")
-    save = _saver(config)
-    output = config.output or {}
-    model = config.build_model()
-    trainer = config.build_trainer(model)
+    if args.nproc is not None:
+        return _launch(args, config)
+    if "distributed" not in config.trainer:  # under mpiexec (or --nproc) the ranks find each other
+        config = config.with_overrides(distributed="auto")
+    if args.save is not None:  # made absolute, so it is not taken relative to the config file
+        config = dataclasses.replace(config, output={**(config.output or {}), "save": str(Path(args.save).resolve())})
+    _saver(config)  # checked before training, not after
     train, test = config.build_data()
+    model = config.build_model(train)
+    trainer = config.build_trainer(model)
+    parallel = trainer.parallel  # a data-parallel run: every rank trains, rank 0 alone prints and writes
+    say = print if trainer.is_root else _quiet
+    with contextlib.nullcontext() if parallel is None else parallel.guard():  # a failure here ends every rank
+        _train(args, config, trainer, model, train, test, say)
+    return 0
+
+
+def _quiet(*args: Any, **kwargs: Any) -> None:
+    """``print`` on the ranks other than 0."""
+
+
+def _train(args: argparse.Namespace, config: Config, trainer: Any, model: Any, train: Any, test: Any,
+           say: Callable[..., None]) -> None:
+    save, output = _saver(config), config.output or {}
     test_size = "no" if test is None else str(len(test))
-    print(f"model: {model!r}")
-    print(f"data: {len(train)} training and {test_size} test samples; device {trainer.backend.device}, "
-          f"batch {trainer.batch_size}, {config.epochs} epoch(s)", flush=True)
+    say(f"model: {model!r}")
+    say(f"data: {len(train)} training and {test_size} test samples; device {trainer.backend.device}, "
+        f"batch {trainer.batch_size}, {config.epochs} epoch(s){_ranks(trainer)}", flush=True)
     if args.resume:
         info = trainer.resume()
-        print(f"resumed from {info.path} at step {info.step} (epoch {info.epoch})", flush=True)
-    history = trainer.fit(train, epochs=config.epochs)
+        say(f"resumed from {info.path} at step {info.step} (epoch {info.epoch}){_ranks_note(info, trainer)}",
+            flush=True)
+    history = trainer.fit(train, epochs=config.epochs, val_data=test if config.validate else None)
     if history.interrupted:
-        print("training interrupted; reporting the model as it is")
+        say("training interrupted; reporting the model as it is")
     if output.get("fuse"):
         model = trainer.model = fuse(model)
-        print("fused the LoRA adapters into the base weights")
+        say("fused the LoRA adapters into the base weights")
     if test is not None:
         metrics = trainer.evaluate(test)
-        print("test: " + "  ".join(f"{key} {value:.4f}" for key, value in metrics.items()))
-        if isinstance(test, SeriesWindows):
+        say("test: " + "  ".join(f"{key} {value:.4f}" for key, value in metrics.items()))
+        if isinstance(test, SeriesWindows) and trainer.is_root:
             _report_forecast(trainer, test)
-    if save is not None:
+    if save is not None and trainer.is_root:
         path = config.path(output["save"])
         path.parent.mkdir(parents=True, exist_ok=True)
         options = {"quantize": output["quantize"]} if "quantize" in output else {}
         save(model, path, **options)
-        print(f"saved the model to {path}")
-    return 0
+        say(f"saved the model to {path}")
+
+
+def _ranks(trainer: Any) -> str:
+    parallel = trainer.parallel
+    return "" if parallel is None else f", {parallel.size} ranks (the batch is the global one, shared by the ranks)"
+
+
+def _ranks_note(info: Any, trainer: Any) -> str:
+    """What resuming a checkpoint written by another number of ranks means (nothing when the number is the same).
+
+    Allowed: the global batches, their order and the optimizer's state do not depend on the number of ranks,
+    so training continues where it stopped. Only the order in which the ranks' gradients are added changes,
+    and with it the last bits of the weights.
+    """
+    now = 1 if trainer.parallel is None else int(trainer.parallel.size)
+    then = getattr(info, "ranks", None)
+    if then is None or then == now:
+        return ""
+    return (f"; the checkpoint was written by {then} rank(s) and training continues with {now}: the same global "
+            f"batches in the same order, but the gradients are summed in another order, so the weights match a "
+            f"run that kept {then} rank(s) to rounding, not bit for bit")

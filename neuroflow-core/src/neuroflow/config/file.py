@@ -16,6 +16,11 @@ table per component::
     type = "AdamW"
     lr = 1e-3
 
+``[model] name = "yolo_lite"`` calls a registered model builder with the table's
+other keys (some computed from the training data, such as a detector's
+``anchors = "kmeans"``: see :mod:`neuroflow.config.from_data`); ``[loss] type``
+names a loss of :mod:`neuroflow.losses` or of a plugin (see
+:mod:`neuroflow.config.components`).
 ``[model] from = "base.safetensors"`` starts from a saved model instead, and
 a ``[lora]`` table puts LoRA adapters on the model. ``[data] dataset``
 names a ``neuroflow_datasets`` entry, whose own keys the table then holds.
@@ -29,8 +34,6 @@ wrong type raises ConfigError naming the key, its table and what is valid.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import inspect
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +44,8 @@ import numpy as np
 from neuroflow import random, registry
 from neuroflow.checkpoint import load
 from neuroflow.composites import Sequential
+from neuroflow.config.components import build_component
+from neuroflow.config.from_data import resolver_of
 from neuroflow.config.schema import (
     COMPONENTS,
     LORA_KEYS,
@@ -67,6 +72,7 @@ class Config:
 
     trainer: dict[str, Any] = field(default_factory=dict)
     epochs: int = 1
+    validate: bool = False
     model: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] | None = None
     loss: dict[str, Any] | None = None
@@ -93,6 +99,7 @@ class Config:
                 valid = [*TRAINER_KEYS, *(f"[{t}]" for t in TABLES)]
                 raise ConfigError(f"unknown key {key!r} at the top level; valid keys: {', '.join(valid)}")
         epochs = trainer.pop("epochs", 1)
+        validate = trainer.pop("validate", False)
         model = tables.get("model")
         if model is None:
             raise ConfigError("the config has no [model] table; give [model] name = ..., layers = [...] or from = ...")
@@ -108,8 +115,8 @@ class Config:
         for name in COMPONENTS:
             if name in tables and not isinstance(tables[name].get("type"), str):
                 raise ConfigError(f"[{name}] needs type = \"...\" (a string); got {tables[name].get('type')!r}")
-        return cls(trainer=trainer, epochs=epochs, model=model, data=tables.get("data"), loss=tables.get("loss"),
-                   optimizer=tables.get("optimizer"), scheduler=tables.get("scheduler"), lora=tables.get("lora"),
+        return cls(trainer=trainer, epochs=epochs, validate=validate, model=model, data=tables.get("data"),
+                   loss=tables.get("loss"), optimizer=tables.get("optimizer"), scheduler=tables.get("scheduler"), lora=tables.get("lora"),
                    output=tables.get("output"), source=source)
 
     @staticmethod
@@ -187,17 +194,19 @@ class Config:
         return None if shape is None else tuple(shape)
 
     # ------------------------------------------------------------------ building
-    def build_model(self) -> Operator:
+    def build_model(self, train: Any = None) -> Operator:
         """The model (loaded, built by a registered builder, or a Sequential of the listed layers) with its adapters.
 
-        ``[lora]`` adapters are applied last. Raises ConfigError, before any
+        A builder that computes options from the training data (``anchors =
+        "kmeans"``, see :mod:`neuroflow.config.from_data`) is given ``train``,
+        the training set (loaded here when not given). ``[lora]`` adapters are applied last. Raises ConfigError, before any
         training, when ``lora_fusion`` or ``[output]`` ask for adapters the
         model lacks, or for quantizing adapters that are not fused.
         """
 
         if "seed" in self.trainer:
             random.manual_seed(self.trainer["seed"])
-        model = self._base_model()
+        model = self._base_model(train)
         if self.lora is not None:
 
             try:
@@ -223,7 +232,7 @@ class Config:
             raise ConfigError(f"{' and '.join(wanted)} need LoRA adapters, and the model has none; "
                               "add a [lora] table (rank, alpha, targets)")
 
-    def _base_model(self) -> Operator:
+    def _base_model(self, train: Any = None) -> Operator:
 
         if "from" in self.model:
 
@@ -238,7 +247,14 @@ class Config:
                 builder = registry.models.get(self.model["name"])
             except NeuroFlowError as exc:
                 raise ConfigError(f"[model] name: {exc}") from exc
-            model = call_checked(f"[model] ({self.model['name']})", builder, kwargs)
+            where = f"[model] ({self.model['name']})"
+            resolver = resolver_of(builder)
+            if resolver is not None:  # options computed from the training set, such as anchors = "kmeans"
+                try:
+                    kwargs = resolver(kwargs, train if train is not None else self.build_data()[0])
+                except (ValueError, TypeError) as exc:
+                    raise ConfigError(f"{where}: {exc}") from exc
+            model = call_checked(where, builder, kwargs)
             if not isinstance(model, Operator):
                 raise ConfigError(f"model builder {self.model['name']!r} returned {type(model).__name__}, not an Operator")
             return model
@@ -253,26 +269,21 @@ class Config:
             layers.append(call_checked(f"{where} ({name})", cls, {k: v for k, v in spec.items() if k != "type"}))
         return Sequential(*layers)
 
-    def build_loss(self) -> Any:
-        """The ``[loss]`` object; without one, the data set's own (MSE for a series) or None (the Trainer's CrossEntropy)."""
+    def build_loss(self, model: Operator | None = None) -> Any:
+        """The ``[loss]`` object; without one, the data set's own (MSE for a series) or None (the Trainer's CrossEntropy).
+
+        A loss that reads its configuration from the model (``for_model``, see
+        :mod:`neuroflow.config.components`) needs ``model``.
+        """
         if self.loss is None and self.data is not None and "dataset" in self.data:
             default = dataset_source(self.data).loss
             if default is not None:
-                return self._component("loss", {"type": default})
-        return self._component("loss")
+                return build_component("loss", {"type": default}, model)
+        return self._component("loss", model)
 
-    def _component(self, table: str, spec: dict[str, Any] | None = None) -> Any:
-        spec = spec or getattr(self, table)
-        if spec is None:
-            return None
-        module_name, bases = COMPONENTS[table]
-        module = importlib.import_module(module_name)
-        available = [n for n in getattr(module, "__all__", dir(module))
-                     if inspect.isclass(getattr(module, n, None)) and n not in bases]
-        name = match_name(spec["type"], available)
-        if name is None:
-            raise UnknownNameError(f"[{table}] type", spec["type"], available)
-        return call_checked(f"[{table}] ({name})", getattr(module, name), {k: v for k, v in spec.items() if k != "type"})
+    def _component(self, table: str, model: Operator | None = None) -> Any:
+        spec = getattr(self, table)
+        return None if spec is None else build_component(table, spec, model)
 
     def build_trainer(self, model: Operator) -> Any:
         """A Trainer for ``model`` with this config's loss, optimizer, scheduler and top-level keys."""
@@ -280,7 +291,7 @@ class Config:
         for key in settings:
             if key not in TRAINER_KEYS:
                 raise ConfigError(f"{key!r} is not an argument of this Trainer; remove it from the config")
-        loss, optimizer, scheduler = self.build_loss(), self._component("optimizer"), self._component("scheduler")
+        loss, optimizer, scheduler = self.build_loss(model), self._component("optimizer"), self._component("scheduler")
         if "checkpoint_dir" in settings:
             settings["checkpoint_dir"] = self.path(settings["checkpoint_dir"])
         try:

@@ -17,8 +17,9 @@ from neuroflow.trainer.options import config_keys
 if TYPE_CHECKING:
     from neuroflow.data.dataset import DatasetSource
 
-#: Top-level keys: the Trainer's options (:class:`~neuroflow.trainer.TrainerOptions`), plus ``epochs`` for ``fit``.
-TRAINER_KEYS: dict[str, type] = {**config_keys(), "epochs": int}
+#: Top-level keys: the Trainer's options (:class:`~neuroflow.trainer.TrainerOptions`), plus ``epochs`` for ``fit``
+#: and ``validate`` (true: ``neuroflow train`` reports the held-out split's metrics after every epoch).
+TRAINER_KEYS: dict[str, type] = {**config_keys(), "epochs": int, "validate": bool}
 TABLES = ("model", "data", "loss", "optimizer", "scheduler", "lora", "output")
 MODEL_KEYS: dict[str, type] = {"name": str, "layers": list, "from": str, "input_shape": list}
 #: ``[data]`` with arrays from .npz files; with ``dataset = "<name>"`` the keys are the data set's own (``dataset_source``).

@@ -65,11 +65,31 @@ class DataLoader:
         # epoch and after set_epoch/load_state_dict. Otherwise iter() starts the following epoch.
         self._pinned = True
         self._generation = 0  # which iterator may update the position; older ones no longer do
+        self.shard: tuple[int, int] = (0, 1)  # (rank, ranks): the rows of each batch this process gathers
 
     def __len__(self) -> int:
         """The number of batches in one full epoch."""
         n = len(self.dataset)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        if self.drop_last or 0 < n % self.batch_size < self.shard[1]:  # too short a last batch to share: left out
+            return n // self.batch_size
+        return -(-n // self.batch_size)
+
+    def set_shard(self, rank: int, ranks: int) -> None:
+        """Give this process (``rank`` of ``ranks``) only its rows of every batch: :func:`shard_bounds` of it.
+
+        The batches (their order and their samples) stay those of one
+        process, so training sees the same global batches for any number of
+        ranks; a final batch with fewer samples than ranks is left out.
+        """
+        for name, value in (("rank", rank), ("ranks", ranks)):
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise ValueError(f"DataLoader.set_shard {name} must be an integer; got {value!r}")
+        if ranks < 1 or not 0 <= rank < ranks:
+            raise ValueError(f"DataLoader.set_shard needs 0 <= rank < ranks; got rank={rank}, ranks={ranks}")
+        if ranks > self.batch_size:
+            raise ValueError(f"a batch of {self.batch_size} samples cannot be shared by {ranks} ranks; "
+                             f"use batch_size >= {ranks}")
+        self.shard = (int(rank), int(ranks))
 
     def __repr__(self) -> str:
         return (
@@ -135,6 +155,9 @@ class DataLoader:
         end = len(self) * self.batch_size  # drop_last leaves out the short final batch here
         starts = range(self._position * self.batch_size, end, self.batch_size)
         index_batches = [order[start:start + self.batch_size] for start in starts]
+        rank, ranks = self.shard
+        if ranks > 1:
+            index_batches = [b[slice(*shard_bounds(len(b), rank, ranks))] for b in index_batches]
         if self.prefetch == 0:
             return self._serve_inline(index_batches, self._generation)
         return self._serve_prefetched(index_batches, self._generation)
@@ -177,6 +200,14 @@ class DataLoader:
             stop.set()
             if worker is not threading.current_thread():  # the cyclic GC may finalise us on the worker
                 worker.join()
+
+
+def shard_bounds(rows: int, rank: int, ranks: int) -> tuple[int, int]:
+    """Rank ``rank``'s ``(start, stop)`` among ``rows`` rows shared by ``ranks`` processes: contiguous, disjoint,
+    the first ``rows % ranks`` ranks taking one row more (numpy's ``array_split``)."""
+    base, extra = divmod(rows, ranks)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
 
 
 def _gather(dataset: Dataset, idx: np.ndarray) -> Batch:

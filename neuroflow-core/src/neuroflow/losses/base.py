@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuroflow.buffers.pool import BufferPool
 from neuroflow.buffers.trace import TracingPool
+
+if TYPE_CHECKING:
+    from neuroflow.losses.evaluation import Evaluator
 
 
 class Loss:
@@ -54,6 +57,16 @@ class Loss:
     def predictions(self, output: Any) -> Any:
         """What ``Trainer.predict`` returns for a model output (the output itself by default)."""
         return output
+
+    def evaluator(self) -> Evaluator | None:
+        """A new :class:`~neuroflow.losses.evaluation.Evaluator` whose metrics ``Trainer.evaluate`` adds to the
+        mean loss (a detector's mAP@0.5), or None (the default: the loss, and accuracy for classification)."""
+        return None
+
+    def example_target(self, output: Any, xp: Any) -> Any:
+        """A target this loss accepts for ``output``, on ``xp``: what ``nf.memory.profile`` traces a step with (the
+        batch's buffers must not depend on the values). Zeros of the output's shape by default."""
+        return xp.zeros(output.shape, dtype=output.dtype)
 
     def get_config(self) -> dict[str, Any]:
         return {}

@@ -50,13 +50,17 @@ class Checkpointing:
     directory from the first write (or :meth:`resume`) until the trainer is
     garbage-collected, judges each checkpoint good or bad from the step
     losses it is given (:meth:`observe`), and keeps the newest good one
-    whatever ``keep`` says (:mod:`neuroflow.checkpoint.divergence`). After
+    whatever ``keep`` says (:mod:`neuroflow.checkpoint.divergence`). With
+    ``writes=False`` (a data-parallel rank other than 0) nothing is written
+    and the directory is not claimed; the verdicts are still kept. After
     :meth:`resume`, ``resumed`` holds what it restored until the next ``fit``
     takes it with :meth:`take_resumed`.
     """
 
-    def __init__(self, directory: str | os.PathLike[str] | None, every: int | None, keep: int) -> None:
+    def __init__(self, directory: str | os.PathLike[str] | None, every: int | None, keep: int,
+                 writes: bool = True) -> None:
         self.directory = directory
+        self.writes = writes
         self.every = every
         self.keep = keep
         self.run = TrainingRun()
@@ -74,6 +78,8 @@ class Checkpointing:
         """Write ``trainer``'s whole training state (and ``loader``'s position) atomically; the file written."""
         if self.directory is None:
             raise ConfigError("save_checkpoint needs Trainer(checkpoint_dir=...)")
+        if not self.writes:
+            return None
         return save_training_checkpoint(trainer, self.directory, self.keep, loader=loader)
 
     def resume(self, trainer: Trainer, source: str | os.PathLike[str] | None) -> ResumeInfo:
@@ -99,7 +105,7 @@ class Checkpointing:
         the middle of (or after its last step but before its row) continues
         with its saved running sums, so its row equals an uninterrupted run's.
         """
-        if self.every is not None and self.directory is not None:
+        if self.every is not None and self.directory is not None and self.writes:
             self.run.claim(self.directory)  # a second run in the directory is refused before its first step
         resumed = self.take_resumed()
         if resumed is None:

@@ -7,12 +7,13 @@ Each call holds the session for its whole length: calls from several threads tak
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from neuroflow.errors import ConfigError
+from neuroflow.losses.evaluation import Evaluator, evaluator_of
 from neuroflow.operator import Operator
 from neuroflow.trainer.session import MemorySession
 
@@ -37,10 +38,14 @@ def inference_mode(session: MemorySession) -> Iterator[Operator]:
             model.train(was_training)
 
 
-def evaluate(session: MemorySession, loader: Any, classification: bool) -> dict[str, float]:
-    """Mean loss (and accuracy when ``classification``) over the batches of ``loader``."""
+def evaluate(session: MemorySession, loader: Any, classification: bool,
+             evaluator: Evaluator | None = None,
+             reduce: Callable[[list[float]], list[float]] | None = None) -> dict[str, float]:
+    """Mean loss (and accuracy when ``classification``) over the batches of ``loader``, and the metrics of
+    ``evaluator`` (default: a new one from the loss's ``evaluator()``, if it has one: a detector's mAP@0.5)."""
     backend, loss = session.backend, session.loss
     loss_sum, correct, seen = 0.0, 0, 0
+    evaluator = evaluator if evaluator is not None else evaluator_of(loss)
     with inference_mode(session) as model:
         for x, y in loader:
             xd, yd = backend.from_host(x), backend.from_host(y)
@@ -49,12 +54,19 @@ def evaluate(session: MemorySession, loader: Any, classification: bool) -> dict[
             if classification:
                 # the logits are small ((batch, classes)): counting on the host costs one read, no launches
                 correct += int((backend.to_host(out).argmax(axis=1) == y).sum())
+            if evaluator is not None:
+                evaluator.add(np.asarray(backend.to_host(out)), np.asarray(y))
             seen += len(x)
+    if reduce is not None:  # a data-parallel run: the sums of every rank's rows
+        loss_sum, hits, rows = reduce([loss_sum, float(correct), float(seen)])
+        correct, seen = int(round(hits)), int(round(rows))
     if seen == 0:
         raise ConfigError("evaluate got no data")
     metrics = {"loss": loss_sum / seen}
     if classification:
         metrics["accuracy"] = correct / seen
+    if evaluator is not None:
+        metrics.update(evaluator.result())
     return metrics
 
 

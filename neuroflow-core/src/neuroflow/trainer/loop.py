@@ -20,13 +20,16 @@ class Interruption:
 
     def __init__(self) -> None:
         self.requested = False
+        #: in a data-parallel run: whether the ranks agreed, at the end of the last step, that one of them asked
+        #: to stop (what the loop acts on, so that every rank stops after the same step)
+        self.agreed = False
         self._previous: Any = None
 
     def request(self) -> None:
         self.requested = True
 
     def __enter__(self) -> Interruption:
-        self.requested = False
+        self.requested = self.agreed = False
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._on_interrupt)
         return self
@@ -72,9 +75,10 @@ class EpochRunner:
     the epoch while it runs (None between epochs), which step checkpoints save.
     """
 
-    def __init__(self, step: OptimisationStep, interruption: Interruption, augment: Callable[[Any], Any] | None,
-                 after_step: Callable[[Any], None], progress: bool) -> None:
+    def __init__(self, step: OptimisationStep, interruption: Interruption, augment: Callable[..., Any] | None,
+                 after_step: Callable[[Any], None], progress: bool, max_steps: int | None = None) -> None:
         self.step = step
+        self.max_steps = max_steps
         self.interruption = interruption
         self.augment = augment
         self.after_step = after_step
@@ -99,16 +103,18 @@ class EpochRunner:
         self.complete = False
         try:
             for x, y in batches:
-                window.append((x if self.augment is None else self.augment(x), y))
+                if self.reached_max_steps:  # a resumed run that had already taken them
+                    break
+                window.append(self._augmented(x, y))
                 if len(window) < k:
                     continue
                 self._take(window, loader, bar, totals)
                 window = []
-                if self.interruption.requested:
+                if self.stopping or self.reached_max_steps:
                     break
             else:
                 self.complete = not window
-            if window and not self.interruption.requested:
+            if window and not (self.stopping or self.reached_max_steps):
                 self._take(window, loader, bar, totals)
                 self.complete = True
         finally:
@@ -127,9 +133,37 @@ class EpochRunner:
         metrics["time_s"] = time.perf_counter() - start
         return metrics
 
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop was asked for (Ctrl-C, ``request_stop``): in a data-parallel run, whether the ranks
+        agreed on it at the end of the last step, so that all of them stop after the same one."""
+        return self.interruption.requested if self.step.parallel is None else self.interruption.agreed
+
+    def epochs_for(self, epochs: int, steps_per_epoch: int) -> int:
+        """The epochs a ``fit(epochs=epochs)`` runs: as many as ``max_steps`` takes, when it is set."""
+        return epochs if self.max_steps is None else max(epochs, math.ceil(self.max_steps / steps_per_epoch))
+
+    def steps_for(self, steps: int) -> int:
+        """The optimisation steps of a run of ``steps`` steps, ``max_steps`` at most."""
+        return steps if self.max_steps is None else min(steps, self.max_steps)
+
+    @property
+    def reached_max_steps(self) -> bool:
+        """Whether the run has taken its ``max_steps`` optimisation steps (never, without max_steps)."""
+        return self.max_steps is not None and self.step.count >= self.max_steps
+
+    def _augmented(self, x: Any, y: Any) -> tuple[Any, Any]:
+        """The batch through the augmenter: ``augment(x, y) -> (x, y)`` when it says ``transforms_targets``
+        (geometry that moves boxes, say) and the batch has targets, ``augment(x)`` otherwise."""
+        if self.augment is None:
+            return x, y
+        if y is not None and getattr(self.augment, "transforms_targets", False):
+            return self.augment(x, y)
+        return self.augment(x), y
+
     def _take(self, window: list[tuple[Any, Any]], loader: Any, bar: EpochProgress, totals: EpochTotals) -> None:
         loss, hits = self.step.run(window)
-        n = sum(len(b[0]) for b in window)
+        n = self.step.last_rows  # the global batch's rows in a data-parallel run, not this rank's
         totals.loss_sum += loss * n
         totals.correct += hits
         totals.seen += n

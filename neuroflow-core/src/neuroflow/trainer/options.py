@@ -54,6 +54,14 @@ class TrainerOptions:
     compression_ratio: float | None = _setting(None)
     compression_threshold: float | None = _setting(None)
     update_in_backward: bool = _setting(False)
+    #: optimisation steps a ``fit`` takes in all (as many epochs as that needs); None: ``epochs`` decides
+    max_steps: int | None = _setting(None)
+    #: data-parallel training: a communicator ("mpi", "nccl"; neuroflow-distributed), or "auto" (the launcher's)
+    distributed: str | None = _setting(None)
+    #: the gradient buckets allreduced during backward, in MiB (default: neuroflow.trainer.data_parallel's)
+    bucket_mb: float | None = _setting(None)
+    #: average BatchNorm's running statistics over the ranks after each step
+    sync_batchnorm: bool = _setting(False)
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(TrainerOptions)
@@ -71,7 +79,9 @@ class TrainerOptions:
             raise ConfigError(f"checkpoint_every must be a positive integer (steps); got {every!r}")
         if every is not None and self.checkpoint_dir is None:
             raise ConfigError("checkpoint_every needs checkpoint_dir: where to write the checkpoints")
-        for name in ("clip_grad_norm", "memory_budget_mb", "memory_pool_size_mb"):
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"max_steps must be a positive integer (optimisation steps); got {self.max_steps!r}")
+        for name in ("clip_grad_norm", "memory_budget_mb", "memory_pool_size_mb", "bucket_mb"):
             value = getattr(self, name)
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"{name} must be a positive finite number; got {value!r}")

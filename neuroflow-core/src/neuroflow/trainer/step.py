@@ -11,6 +11,7 @@ import numpy as np
 from neuroflow.errors import NonFiniteDataError, NonFiniteLossError
 from neuroflow.losses.cross_entropy import CrossEntropy
 from neuroflow.optim.clip import clip_grad_norm
+from neuroflow.trainer.data_parallel import DataParallel
 from neuroflow.trainer.session import MemorySession
 
 
@@ -18,12 +19,15 @@ class OptimisationStep:
     """Runs steps for a session and counts them; ``count`` is the number of steps taken (what checkpoints save).
 
     ``on_step_end(step, loss)`` is called after each step (the trainer
-    passes its plugins' ``neuroflow_step_end`` hook through it).
+    passes its plugins' ``neuroflow_step_end`` hook through it). With
+    ``parallel``, the micro-batches are this rank's rows of the global ones
+    and the gradients are summed over ranks before the update.
     """
 
     def __init__(self, session: MemorySession, scheduler: Any, clip: float | None, update_in_backward: bool,
-                 on_step_end: Callable[[int, float], None]) -> None:
+                 on_step_end: Callable[[int, float], None], parallel: DataParallel | None = None) -> None:
         self.session = session
+        self.parallel = parallel
         self.scheduler = scheduler
         self.clip = clip
         self.update_in_backward = update_in_backward
@@ -31,11 +35,15 @@ class OptimisationStep:
         self.classification = isinstance(session.loss, CrossEntropy)
         self.count = 0
         self.last_grad_norm: float | None = None
+        #: the rows the last step trained on (all ranks' in a data-parallel run)
+        self.last_rows = 0
 
     def split(self, x: Any, y: Any) -> list[tuple[Any, Any]]:
-        """Host arrays ``x``, ``y`` as the micro-batches of one step (their gradients add up to the batch's)."""
+        """Host arrays ``x``, ``y`` as the micro-batches of one step (their gradients add up to the batch's); with
+        ``parallel``, ``x``, ``y`` are the global batch and the micro-batches this rank's rows of its parts."""
         k = min(self.session.accumulation, len(x))
-        return [(x, y)] if k == 1 else list(zip(np.array_split(x, k), np.array_split(y, k)))
+        parts = [(x, y)] if k == 1 else list(zip(np.array_split(x, k), np.array_split(y, k)))
+        return parts if self.parallel is None else [self.parallel.shard(bx, by) for bx, by in parts]
 
     def run(self, micro_batches: list[tuple[Any, Any]]) -> tuple[float, int]:
         """One step over ``micro_batches``; the mean loss and, for classification, the correct predictions."""
@@ -50,12 +58,17 @@ class OptimisationStep:
             model.train()
         total = sum(len(x) for x, _ in micro_batches)
         largest = max(len(x) for x, _ in micro_batches)
+        parallel = self.parallel
+        if parallel is not None:  # every loss scaled by its rows over the global batch's: the sum over ranks is the mean
+            parallel.prepare(model, flat, session.compressor is not None)
+            total = parallel.global_rows(total)
         session.prepare_step(flat, tuple(micro_batches[0][0].shape[1:]), largest)
         streamed = session.streamed
         lr = self.scheduler.lr(self.count) if self.scheduler is not None else None
         loss_sum = 0.0
         correct = 0
-        for x, y in sorted(micro_batches, key=lambda b: -len(b[0])):
+        ordered = sorted(micro_batches, key=lambda b: -len(b[0]))
+        for x, y in ordered:
             tracer = session.start_trace(tuple(x.shape[1:]))
             xd, yd = backend.from_host(x), backend.from_host(y)
             out = model.forward(xd)
@@ -69,6 +82,8 @@ class OptimisationStep:
                 correct += int((logits().argmax(axis=1) == y).sum())
             if streamed is not None:  # one micro-batch: the step is counted once its loss is known to be finite
                 streamed.begin(lr)
+            if parallel is not None and x is ordered[-1][0]:
+                parallel.begin_backward()  # the step's last backward: its final gradients go out as they come
             g = loss_fn.backward(scale=len(x) / total)
             gx = model.backward(g)
             if tracer is not None:
@@ -85,6 +100,8 @@ class OptimisationStep:
         else:
             if session.compressor is not None:
                 session.compressor.compress(flat.grad)  # the optimizer (and clipping) see only what is sent
+            if parallel is not None:
+                parallel.reduce_gradients()  # clipping then sees the global norm
             if self.clip is not None:
                 self.last_grad_norm = clip_grad_norm(flat.grad, self.clip)
             session.optimizer.step(lr)
@@ -93,6 +110,10 @@ class OptimisationStep:
         if session.offload is not None:
             session.offload.after_step()
         self.count += 1
+        if parallel is not None:
+            loss_sum, correct = parallel.reduce_step(loss_sum, correct)
+            parallel.after_step(model, self.count)
+        self.last_rows = total
         mean_loss = loss_sum / total
         self.on_step_end(self.count, mean_loss)
         return mean_loss, correct

@@ -31,6 +31,7 @@ from neuroflow.plugins import call_hook, end_training
 from neuroflow.progress import print_epoch_metrics
 from neuroflow.trainer import budget, inference
 from neuroflow.trainer.checkpointing import Checkpointing
+from neuroflow.trainer.data_parallel import DataParallel, guard
 from neuroflow.trainer.loop import EpochRunner, Interruption
 from neuroflow.trainer.options import TrainerOptions
 from neuroflow.trainer.session import MemorySession
@@ -103,14 +104,17 @@ class Trainer:
         self.training_thread = TrainingThread()
         if options.update_in_backward:
             self.memory.check_streaming(options.clip_grad_norm)
+        self._interruption = Interruption()
+        #: the data-parallel part (``distributed=``), or None when this process trains alone
+        self.parallel = DataParallel.from_options(options, self._interruption)
         # The parts call back through weak references: a Trainer nothing refers to is freed at once, and with it
         # the checkpoint directory it holds (neuroflow.checkpoint.lock).
         self._steps = OptimisationStep(self.memory, scheduler, options.clip_grad_norm, options.update_in_backward,
-                                       _weakly(self._step_ended))
-        self.checkpoints = Checkpointing(options.checkpoint_dir, options.checkpoint_every, options.keep_checkpoints)
-        self._interruption = Interruption()
+                                       _weakly(self._step_ended), self.parallel)
+        self.checkpoints = Checkpointing(options.checkpoint_dir, options.checkpoint_every, options.keep_checkpoints,
+                                         writes=self.is_root)
         self._epochs = EpochRunner(self._steps, self._interruption, options.augment, _weakly(self._after_step),
-                                   options.progress)
+                                   self.progress, options.max_steps)
 
     # ------------------------------------------------------------------ what the parts hold
     @property
@@ -168,7 +172,13 @@ class Trainer:
 
     @property
     def progress(self) -> bool:
-        return self.options.progress
+        """Whether this trainer prints progress: as asked, on rank 0 alone in a data-parallel run."""
+        return self.options.progress and self.is_root
+
+    @property
+    def is_root(self) -> bool:
+        """Whether this process prints and writes files: it trains alone, or is rank 0 of a data-parallel run."""
+        return self.parallel is None or self.parallel.is_root
 
     @property
     def epoch_in_progress(self) -> Any:
@@ -204,7 +214,7 @@ class Trainer:
             raise ConfigError(f"train_step got {len(x)} inputs and {len(y)} targets")
         if len(x) == 0:
             raise ConfigError("train_step got an empty batch")
-        with self.checkpoints.naming_resume_point():
+        with self.checkpoints.naming_resume_point(), guard(self.parallel):
             loss, _ = self._steps.run(self._steps.split(x, y))
         return loss
 
@@ -225,14 +235,15 @@ class Trainer:
         steps_per_epoch = math.ceil(len(loader) / self.memory.accumulation)
         if steps_per_epoch == 0:
             raise ConfigError("the training data is empty")
+        epochs = self._epochs.epochs_for(epochs, steps_per_epoch)  # max_steps decides the length
         self.memory.ready()
         plan = self.checkpoints.plan(loader, self.epoch, epochs)  # after resume(): the rest of that run
         target = plan.last
         if self.scheduler is not None:
-            self.scheduler.bind(self.optimizer.lr, steps_per_epoch, steps_per_epoch * target)
+            self.scheduler.bind(self.optimizer.lr, steps_per_epoch, self._epochs.steps_for(steps_per_epoch * target))
         call_hook("neuroflow_train_start", trainer=self)
         try:
-            with self._interruption as stop:
+            with self._interruption, guard(self.parallel):
                 for epoch in range(plan.first, target + 1):
                     if not (plan.continuing and epoch == plan.first):
                         loader.set_epoch(epoch - 1)
@@ -240,17 +251,19 @@ class Trainer:
                     with self.checkpoints.naming_resume_point():
                         metrics = self._epochs.run(plan.batches(epoch, loader), epoch, target, steps_per_epoch,
                                                    plan.resumed_totals(epoch))
-                    if val_data is not None and not stop.requested:
+                    if val_data is not None and not self._epochs.stopping:
                         val = self.evaluate(val_data)
                         metrics.update({f"val_{key}": value for key, value in val.items()})
                     call_hook("neuroflow_epoch_end", trainer=self, epoch=self.epoch, metrics=metrics)
                     self.history.append(metrics)
                     if self.checkpoints.every is not None and self._epochs.complete:
                         self.save_checkpoint(loader)  # again, now with the epoch's metrics in the history
-                    if self.options.progress:
+                    if self.progress:
                         print_epoch_metrics(self.epoch, target, metrics)
-                    if stop.requested:
+                    if self._epochs.stopping:
                         self.history.interrupted = True
+                        break
+                    if self._epochs.reached_max_steps:
                         break
         except BaseException as failure:  # the run ends with this error, whatever train_end hooks do
             end_training(self, self.history, failure)
@@ -293,9 +306,11 @@ class Trainer:
             return self.checkpoints.resume(self, checkpoint)
 
     # ------------------------------------------------------------------ inference
-    def evaluate(self, data: Any) -> dict[str, float]:
-        """Mean loss (and accuracy for classification) over ``data`` in eval mode; safe from any thread."""
-        return inference.evaluate(self.memory, self._loader(data, shuffle=False), self._steps.classification)
+    def evaluate(self, data: Any, evaluator: Any = None) -> dict[str, float]:
+        """Mean loss (accuracy for classification; ``evaluator``'s or the loss's metrics) over ``data``; any thread."""
+        parallel = self.parallel  # each rank evaluates its rows of every batch; the sums are added up
+        return inference.evaluate(self.memory, self._loader(data, shuffle=False), self._steps.classification,
+                                  evaluator, reduce=None if parallel is None else parallel.reduce_sums)
 
     def predict(self, x: Any) -> np.ndarray:
         """Model outputs for host array ``x`` as a host array (class probabilities for CrossEntropy).
@@ -308,8 +323,12 @@ class Trainer:
     # ------------------------------------------------------------------ data
     def _loader(self, data: Any, shuffle: bool) -> Any:
         if isinstance(data, DataLoader):
-            return data
-        return DataLoader(as_dataset(data), batch_size=self.memory.batch_size, shuffle=shuffle, seed=self.seed)
+            loader = data
+        else:
+            loader = DataLoader(as_dataset(data), batch_size=self.memory.batch_size, shuffle=shuffle, seed=self.seed)
+        if self.parallel is not None:  # the batches stay the global ones; this rank gathers its rows of each
+            loader.set_shard(self.parallel.rank, self.parallel.size)
+        return loader
 
     @staticmethod
     def _sample_shape_of(data: Any) -> tuple[int, ...]:

@@ -1,0 +1,311 @@
+"""NeuroFlow-YOLO-lite, NeuroFlow vs its PyTorch twin on the CPU: training step and inference, at 2 threads.
+
+The model is ``registry.models.get("yolo_lite")(num_classes=10)`` as a user calls it (1×96×96 canvases, head
+45×12×12); PyTorch runs ``torch_yolo_lite`` (``neuroflow_ops_vision.models.torch_yolo_twin``) loaded from its
+state dict by name. Three measurements, each NeuroFlow against PyTorch:
+
+- **train step, batch 16**: forward, the detection loss read back as a float, backward, SGD (lr 0.01,
+  momentum 0.9). NeuroFlow: ``nf.Trainer(model, DetectionLoss.for_model(model), SGD).train_step(x, targets)``;
+  PyTorch: ``zero_grad``, forward, ``torch_yolo_loss`` (YOLOv5's ``ComputeLoss`` for one level, with the
+  gains ``DetectionLoss`` uses), ``backward``, ``step``, ``item``. Same weights, same batch: the first
+  losses must agree or the run stops.
+- **inference, batch 1 and batch 16**: decoded boxes (B, 432, 15) from a batch of canvases, the model in
+  eval mode. NeuroFlow: ``trainer.predict(x)`` (forward and ``DetectionLoss.predictions``, the YOLOv5
+  decode); PyTorch: ``twin(x)`` and the same decode in torch, under ``torch.inference_mode()``.
+
+The batch: 16 random canvases with 1–5 boxes of 8–36 px a side each (random classes), padded to 5 rows; timing is
+not sensitive to the pixels. Every contender of a measurement runs in one process per thread count,
+interleaved (see ``harness.py`` and ``benchmarks/README.md``); ``--separate-processes`` adds the training
+step of each contender alone in its own process, with its peak RSS rise over setup.
+
+    .venv/bin/python benchmarks/detector.py                       # 2 threads, about a minute
+    .venv/bin/python benchmarks/detector.py --separate-processes  # + peak RSS rise of a training step
+    .venv/bin/python benchmarks/detector.py --quick               # smoke test: not a measurement
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import json
+import os
+import statistics
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import harness
+
+LR, MOMENTUM = 0.01, 0.9
+BATCH, SIZE, CLASSES, MAX_OBJECTS = 16, 96, 10, 5
+MAIN, TORCH = "NeuroFlow", "PyTorch"
+#: measurement key -> (row label, batch, training)
+MEASUREMENTS = {"train": ("train step, batch 16", BATCH, True), "infer1": ("inference, batch 1", 1, False),
+                "infer16": ("inference, batch 16", BATCH, False)}
+
+
+def batch_data(n: int = BATCH) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` random canvases and their padded (n, 5, 5) targets: 1–5 boxes of 8–36 px a side (as the ink boxes of
+    digits pasted at 16–48 px), random classes."""
+    rng = np.random.default_rng(1)
+    images = rng.random((n, 1, SIZE, SIZE)).astype(np.float32)
+    targets = np.zeros((n, MAX_OBJECTS, 5), np.float32)
+    targets[..., 0] = -1
+    for b in range(n):
+        for row in range(int(rng.integers(1, MAX_OBJECTS + 1))):
+            w, h = rng.uniform(8, 36, 2)
+            x1, y1 = rng.uniform(0, SIZE - w), rng.uniform(0, SIZE - h)
+            targets[b, row] = [rng.integers(0, CLASSES), x1, y1, x1 + w, y1 + h]
+    return images, targets
+
+
+def build_neuroflow() -> Any:
+    """The registry's model as a user calls it (seeded: every contender starts from these weights)."""
+    import neuroflow as nf
+    from neuroflow import registry
+
+    nf.manual_seed(0)
+    return registry.models.get("yolo_lite")(num_classes=CLASSES)
+
+
+def neuroflow_trainer() -> Any:
+    import neuroflow as nf
+    from neuroflow_ops_vision.detection.loss import DetectionLoss
+
+    model = build_neuroflow()
+    return nf.Trainer(model, DetectionLoss.for_model(model), nf.optim.SGD(lr=LR, momentum=MOMENTUM),
+                      batch_size=BATCH, progress=False, seed=0)
+
+
+def torch_twin() -> tuple[Any, Any]:
+    """The twin with the NeuroFlow model's weights, and the NeuroFlow loss (for its gains and anchors)."""
+    from neuroflow_ops_vision.detection.loss import DetectionLoss
+    from neuroflow_ops_vision.models.torch_yolo_twin import load_neuroflow_weights, torch_yolo_lite
+
+    model = build_neuroflow()
+    return load_neuroflow_weights(torch_yolo_lite(CLASSES), model.state_dict()), DetectionLoss.for_model(model)
+
+
+def torch_decode(output: Any, anchors: np.ndarray, stride: int) -> Any:
+    """``boxes.decode`` in torch: (B, A·(5+C), H, W) -> (B, A·H·W, 5+C) x1, y1, x2, y2, objectness, classes."""
+    import torch
+
+    batch, channels, height, width = output.shape
+    count = len(anchors)
+    p = output.view(batch, count, channels // count, height, width).permute(0, 1, 3, 4, 2).sigmoid()
+    gy, gx = torch.meshgrid(torch.arange(height, dtype=p.dtype), torch.arange(width, dtype=p.dtype), indexing="ij")
+    wh = torch.as_tensor(anchors, dtype=p.dtype).view(1, count, 1, 1, 2)
+    centre = (2 * p[..., :2] - 0.5 + torch.stack((gx, gy), -1)) * stride
+    size = (2 * p[..., 2:4]) ** 2 * wh
+    return torch.cat((centre - size / 2, centre + size / 2, p[..., 4:]), -1).reshape(batch, -1, channels // count)
+
+
+def stepper(name: str, key: str) -> Callable[[], float]:
+    """One step of contender ``name`` for measurement ``key``; returns its loss (training) or a checksum."""
+    _, n, training = MEASUREMENTS[key]
+    x, targets = batch_data(BATCH)
+    x, targets = x[:n], targets[:n]
+    if name == MAIN:
+        trainer = neuroflow_trainer()
+        if training:
+            return lambda: trainer.train_step(x, targets)
+        return lambda: float(trainer.predict(x).sum())
+    import torch
+
+    from neuroflow_ops_vision.models.torch_yolo_twin import torch_yolo_loss
+
+    model, loss = torch_twin()
+    xt = torch.from_numpy(x)
+    if not training:
+        model.eval()
+
+        def infer() -> float:
+            with torch.inference_mode():
+                return float(torch_decode(model(xt), loss.anchors, loss.stride).sum())
+
+        return infer
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    box, obj, cls = loss.gains
+
+    def step() -> float:
+        optimizer.zero_grad()
+        value, _ = torch_yolo_loss(model(xt), targets, loss.anchors, loss.stride, CLASSES, box=box, obj=obj, cls=cls)
+        value.backward()
+        optimizer.step()
+        return value.item()
+
+    return step
+
+
+def check_agreement(values: dict[str, list[float]]) -> None:
+    """Raise unless the contenders' first values (losses, or output checksums) agree."""
+    reference_name, reference = next(iter(values.items()))
+    for name, got in values.items():
+        if abs(got[0] - reference[0]) > 1e-3 * max(1.0, abs(reference[0])):
+            raise RuntimeError(f"{name} first value {got[0]:.6f}, {reference_name} {reference[0]:.6f}: "
+                               "the contenders do not compute the same thing")
+
+
+def contenders() -> list[str]:
+    return [MAIN, TORCH] if importlib.util.find_spec("torch") is not None else [MAIN]
+
+
+# ---------------------------------------------------------------------------------------------- children
+def one_process_child(args: argparse.Namespace) -> None:
+    """Every measurement's contenders in this process, timed interleaved; one JSON line."""
+    steppers = {key: {name: stepper(name, key) for name in contenders()} for key in args.measurements}
+    threads = harness.limit_threads(args.one_process_child)
+    pause = harness.pause_for(args.one_process_child, args.pause)
+    results = {key: harness.run_interleaved(steppers[key], args.repeats, args.steps, args.warmup, pause, check_agreement)
+               for key in args.measurements}
+    torch = sys.modules.get("torch")
+    print(json.dumps({"measurements": results, "thread_report": threads, "numpy": np.__version__,
+                      "torch": str(torch.__version__) if torch is not None else None}), flush=True)
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One contender's training step alone in this process: RSS through its first steps, then timed blocks."""
+    name, threads = args.contender, args.threads_child
+    info: dict[str, Any] = {"contender": name, "threads": threads, "numpy": np.__version__}
+    if name == TORCH:
+        import torch
+
+        torch.set_num_threads(threads)
+        info["torch"], info["torch_threads"] = str(torch.__version__), torch.get_num_threads()
+    harness.start_worker(stepper(name, "train"), args.warmup, info)
+
+
+def measure_separately(script: str, threads: int, args: argparse.Namespace) -> dict[str, Any]:
+    workers: dict[str, harness.Worker] = {}
+    try:
+        for name in contenders():
+            workers[name] = harness.Worker([script, "--child", "--contender", name, "--threads-child", str(threads),
+                                            "--warmup", str(args.warmup)], env=harness.thread_env(threads))
+        check_agreement({name: w.info["first_losses"] for name, w in workers.items()})
+        samples = harness.interleave({name: functools.partial(w.run, args.steps) for name, w in workers.items()},
+                                     args.repeats, harness.pause_for(threads, args.pause))
+    finally:
+        for w in workers.values():
+            w.close()
+    return {"threads": threads, "samples_s": samples, "workers": {name: w.info for name, w in workers.items()}}
+
+
+# ---------------------------------------------------------------------------------------------- report
+def rows_of(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One ratio-table row group per (measurement, thread count)."""
+    return [{"what": MEASUREMENTS[key][0], "threads": r["threads"], **m}
+            for r in results for key, m in r["measurements"].items()]
+
+
+def throughput_table(rows: list[dict[str, Any]]) -> str:
+    """Images per second of every contender (batch / median step time) and NeuroFlow's over PyTorch's."""
+    names = contenders()
+    headers = ["what", "threads", *(f"{n} images/s" for n in names)] + (["NeuroFlow/PyTorch"] if TORCH in names else [])
+    table = []
+    for row in rows:
+        batch = next(b for label, b, _ in MEASUREMENTS.values() if label == row["what"])
+        rate = {n: batch / statistics.median(row["samples_s"][n]) for n in names}
+        cells: list[object] = [row["what"], row["threads"], *(f"{rate[n]:.1f}" for n in names)]
+        if TORCH in names:
+            cells.append(f"{rate[MAIN] / rate[TORCH]:.2f}×")
+        table.append(cells)
+    return harness.markdown_table(headers, table)
+
+
+def rss_table(separate: list[dict[str, Any]]) -> str:
+    names = contenders()
+    headers = ["threads", *(f"{n} ms" for n in names), *(f"{n} RSS rise MB" for n in names)]
+    headers += ["ms NeuroFlow/PyTorch", "RSS rise NeuroFlow/PyTorch"] if TORCH in names else []
+    table = []
+    for result in separate:
+        rise = {n: result["workers"][n]["peak_rise_kb"] for n in names}
+        cells: list[object] = [result["threads"], *(f"{statistics.median(result['samples_s'][n]) * 1e3:.1f}" for n in names)]
+        cells += ["—" if rise[n] is None else f"{rise[n] / 1024:.1f}" for n in names]
+        if TORCH in names:
+            cells.append(f"{harness.paired_ratio(result['samples_s'][MAIN], result['samples_s'][TORCH]):.2f}×")
+            cells.append(f"{rise[MAIN] / rise[TORCH]:.2f}×" if rise[MAIN] and rise[TORCH] else "—")
+        table.append(cells)
+    return harness.markdown_table(headers, table)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="NeuroFlow-YOLO-lite: training step and inference vs PyTorch")
+    parser.add_argument("--quick", action="store_true", help="few repeats and steps: a smoke test, not a measurement")
+    parser.add_argument("--json", metavar="FILE", help="write settings, every sample and the tables to FILE")
+    parser.add_argument("--threads", default="2", help="comma-separated thread counts (default 2)")
+    parser.add_argument("--repeats", type=int, help="interleaved repetitions (default 9; 2 with --quick)")
+    parser.add_argument("--steps", type=int, help="steps per timed block (default 3; 1 with --quick)")
+    parser.add_argument("--warmup", type=int, help="untimed steps per contender first (default 3; 0 with --quick)")
+    parser.add_argument("--pause", type=float, help=f"seconds idle before each block (default {harness.SPIN_PAUSE_S} "
+                                                    "above one thread, 0 at one)")
+    parser.add_argument("--measurements", default=",".join(MEASUREMENTS),
+                        help=f"comma-separated, of {', '.join(MEASUREMENTS)} (default all)")
+    parser.add_argument("--separate-processes", action="store_true",
+                        help="also time each contender's training step alone in its own process, with peak RSS rise")
+    parser.add_argument("--one-process-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--threads-child", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--contender", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    harness.fill_defaults(args, {"repeats": (2, 9), "steps": (1, 3), "warmup": (0, 3)})
+    if args.repeats < 1 or args.steps < 1 or args.warmup < 0:
+        parser.error("--repeats and --steps must be at least 1, --warmup at least 0")
+    args.measurements = [k for k in args.measurements.split(",") if k]
+    unknown = [k for k in args.measurements if k not in MEASUREMENTS]
+    if unknown or not args.measurements:
+        parser.error(f"unknown --measurements {unknown}; expected some of {list(MEASUREMENTS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.one_process_child is not None:
+        one_process_child(args)
+        return 0
+    if args.child:
+        worker(args)
+        return 0
+    script = os.path.abspath(__file__)
+    threads = [int(t) for t in args.threads.split(",")]
+    child = ["--repeats", str(args.repeats), "--steps", str(args.steps), "--warmup", str(args.warmup),
+             "--measurements", ",".join(args.measurements)] + ([] if args.pause is None else ["--pause", str(args.pause)])
+    load_before = harness.machine_load()
+    results = [harness.one_process_run(script, t, child) for t in threads]
+    separate = [measure_separately(script, t, args) for t in threads] if args.separate_processes else []
+    rows = rows_of(results)
+    references = {MAIN: TORCH} if TORCH in contenders() else {}
+    report: dict[str, Any] = {
+        "case": "NeuroFlow-YOLO-lite (yolo_lite, 10 classes, 1×96×96)", "contenders": contenders(),
+        "settings": {"repeats": args.repeats, "steps": args.steps, "warmup": args.warmup,
+                     "measurements": args.measurements},
+        "source": harness.source_version(os.path.dirname(script)),
+        "load_average_before": load_before, "load_average_after": harness.machine_load(), "results": results,
+        "table": harness.ratio_table(rows, references, keys=("what", "threads")), "throughput": throughput_table(rows),
+    }
+    print(f"NeuroFlow-YOLO-lite vs its PyTorch twin: SGD lr {LR} momentum {MOMENTUM}, DetectionLoss vs YOLOv5's loss, "
+          f"float32. Every contender in one process per thread count, interleaved: median of {args.repeats} repeats × "
+          f"{args.steps} steps after {3 + args.warmup} untimed steps")
+    for result in results:
+        print(f"  threads={result['threads']}: {harness.describe_threads(result['thread_report'])}")
+    print(f"  code {report['source']}, numpy {results[0]['numpy']}, torch {results[0]['torch']}; load average before "
+          f"{load_before}, after {report['load_average_after']}\n")
+    print(report["table"] + "\n\n" + report["throughput"])
+    line = harness.summary("detector", rows, references, keys=("what", "threads"))
+    if separate:
+        report["separate_processes"], report["rss_table"] = separate, rss_table(separate)
+        print(f"\nTraining step, each contender alone in its own process: peak RSS rise over setup through the first "
+              f"{3 + args.warmup} steps; ms ratio = median of per-round ratios\n\n{report['rss_table']}")
+        line["separate_processes"] = harness.summary("", separate, references)["results"]
+        line["rss_rise_kb"] = [{n: s["workers"][n]["peak_rise_kb"] for n in contenders()} for s in separate]
+    print("\n" + json.dumps(line), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""``neuroflow evaluate CONFIG --model FILE``: a saved model's metrics on the held-out split of the config's data.
+
+It prints one ``name = value`` line per metric: the mean loss, the accuracy for
+a classifier, and what the loss's evaluator adds (``mAP@0.5 = 0.93`` for a
+detector; see :mod:`neuroflow.losses.evaluation`). ``--coco-json DIR`` asks the
+evaluator to write the data it saw and the model's predictions into DIR (COCO
+``ground_truth.json`` and ``detections.json`` for a detector), for tools such
+as pycocotools.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from neuroflow.checkpoint import load
+from neuroflow.cli.arguments import positive_int
+from neuroflow.config import Config, load_config
+from neuroflow.errors import ConfigError
+from neuroflow.losses.evaluation import Evaluator, WritesCocoJson, evaluator_of
+from neuroflow.trainer import Trainer
+
+HELP = "evaluate a saved model on the held-out data of a TOML config (loss, accuracy, mAP@0.5, ...)"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", metavar="CONFIG.toml", help="the training configuration (its [data] and [loss])")
+    parser.add_argument("--model", metavar="FILE", required=True, help="the saved model (neuroflow train --save)")
+    parser.add_argument("--coco-json", metavar="DIR", help="write the evaluator's files (COCO ground truth and "
+                                                           "detections for a detector) into DIR")
+    parser.add_argument("--device", help="override the config's device (cpu, cuda:0, opencl:0, auto)")
+    parser.add_argument("--batch-size", type=positive_int, help="override the config's batch_size")
+
+
+def trained_model(config: Config, path: str, device: str | None = None, batch_size: int | None = None) -> Trainer:
+    """A Trainer around the model saved at ``path``, with the config's loss and options (shared with predict)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"--model: file {str(file)!r} not found; train and save one first "
+                          "(neuroflow train CONFIG --save FILE)")
+    config = config.with_overrides(device=device, batch_size=batch_size)
+    trainer: Trainer = config.build_trainer(load(file, device="cpu"))
+    return trainer
+
+
+def _evaluator(loss: Any, coco_json: str | None) -> Evaluator | None:
+    evaluator = evaluator_of(loss)
+    if coco_json is not None and not isinstance(evaluator, WritesCocoJson):
+        has = "has no evaluator" if evaluator is None else f"has an evaluator ({type(evaluator).__name__}) that writes no files"
+        raise ConfigError(f"--coco-json: the loss {type(loss).__name__} {has}; only a loss whose evaluator writes "
+                          "files (a detector's DetectionLoss) can give COCO json")
+    return evaluator
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    trainer = trained_model(config, args.model, args.device, args.batch_size)
+    evaluator = _evaluator(trainer.loss, args.coco_json)
+    _, test = config.build_data()
+    if test is None:
+        raise ConfigError(f"{args.config}: the config's [data] has no held-out split to evaluate on; give "
+                          "test = \"<file>.npz\" or a dataset that has a test split")
+    metrics = trainer.evaluate(test, evaluator)
+    print(f"evaluated {args.model} on {len(test)} held-out samples")
+    for name, value in metrics.items():
+        print(f"{name} = {value:.4f}")
+    if args.coco_json is not None and isinstance(evaluator, WritesCocoJson):
+        directory = Path(args.coco_json)
+        directory.mkdir(parents=True, exist_ok=True)
+        for written in evaluator.write_coco_json(directory):
+            print(f"wrote {written}")
+    return 0

@@ -1,0 +1,1 @@
+"""Object detection: digit canvases, NeuroFlow-YOLO-lite, its loss, NMS and mAP@0.5."""
