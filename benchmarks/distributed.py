@@ -276,10 +276,12 @@ def hidden(two: dict[str, Any]) -> str:
     return f"{1 - min(1.0, max(0.0, two['dp'] - two['alone']) / two['allreduce']):.0%} (step time)"
 
 
-def row(model: str, framework: str, one: dict[str, Any], two: dict[str, Any]) -> list[str]:
+def row(model: str, framework: str, one: dict[str, Any], two: dict[str, Any], bucket_mb: str | None = None) -> list[str]:
     single = PER_RANK / one["alone"]
     double = 2 * PER_RANK / two["dp"]
     name = {"neuroflow": "NeuroFlow (mpi)", "torch": "PyTorch DDP (gloo)"}[framework]
+    if bucket_mb is not None:
+        name = f"{name[:-1]}, {bucket_mb} MiB buckets)"
     engine = "exposed" in two
     return [MODELS[model][0], name, f"{single:.1f}", f"{double:.1f}", f"{double / (2 * single):.2f}",
             f"{two['alone'] / two['dp']:.2f}", f"{one['alone'] * 1e3:.1f}", f"{two['alone'] * 1e3:.1f}",
@@ -297,7 +299,7 @@ HEADER = ["model", "framework", "1 rank samples/s", "2 ranks samples/s", "effici
 def table(report: dict[str, Any]) -> str:
     """The markdown table of ``report`` (what ``--json`` writes: "model/framework[/bucket MiB]" -> runs of 1 and 2
     ranks)."""
-    rows = [row(*key.split("/")[:2], runs["1"], runs["2"]) for key, runs in report.items()]
+    rows = [row(*key.split("/")[:2], runs["1"], runs["2"], *key.split("/")[2:]) for key, runs in report.items()]
     return harness.markdown_table(HEADER, rows)
 
 
@@ -337,7 +339,7 @@ def main() -> int:
                 two = measure(framework, model, 2, warmup, steps, bucket_mb)
                 key = f"{model}/{framework}" + ("" if bucket_mb is None else f"/{bucket_mb:g}")
                 report[key] = {"1": one, "2": two}
-                print(" | ".join(row(model, framework, one, two)), flush=True)
+                print(" | ".join(row(*key.split("/")[:2], one, two, *key.split("/")[2:])), flush=True)
     print(f"load at the end: {harness.machine_load()}")
     print()
     print(table(report))

@@ -137,7 +137,7 @@ class OneRank:
 
     start_allreduce_mean = start_allreduce_sum
 
-    def allreduce_scalars(self, values, op="sum"):
+    def allreduce_scalars(self, values, op="sum", what="the step's sums"):
         return list(values)
 
     def sparse_allreduce_sum(self, array):
@@ -198,3 +198,73 @@ def test_evaluate_adds_up_every_rank_s_sums(one_rank):
     alone = nf.Trainer(_mlp(), batch_size=10, progress=False, seed=0)
     assert trainer.evaluate((x, y)) == alone.evaluate((x, y))
     assert trainer.is_root and trainer.parallel.size == 1
+
+
+# ---------------------------------------------------------------------------------------------- sums, timing
+class Mirrored(OneRank):
+    """Rank 0 of two whose other rank sends ``other`` (None: the same values as this one) to every scalar sum."""
+
+    rank, size = 0, 2
+
+    def __init__(self, other=None):
+        super().__init__()
+        self.other = other
+
+    def allreduce_scalars(self, values, op="sum", what="the step's sums"):
+        self.log.append(what)
+        other = values if self.other is None else self.other + [0.0] * (len(values) - len(self.other))
+        return [a + b for a, b in zip(values, other, strict=False)]
+
+
+def test_the_sums_over_ranks_say_what_they_are_and_a_rank_in_another_collective_is_an_error():
+    from neuroflow.trainer.data_parallel import CollectiveMismatchError, DataParallel
+
+    same = DataParallel(Mirrored())
+    assert same.global_rows(5) == 10 and same.reduce_sums([1.0, 2.0]) == [2.0, 4.0]
+    assert same.communicator.log == ["the rows of the step's global batch", "the sums of Trainer.evaluate"]
+    evaluating = DataParallel(Mirrored(other=[3.0, 9.0]))  # the other rank is in Trainer.evaluate's sums
+    with pytest.raises(CollectiveMismatchError, match=r"rank 0 was in the rows of the step's global batch while "
+                                                      r"another of the 2 ranks was in a different collective.*"
+                                                      r"call it on every rank"):
+        evaluating.global_rows(5)
+    training = DataParallel(Mirrored(other=[2.0, 4.0]))  # the other rank finishes a step
+    with pytest.raises(CollectiveMismatchError, match="rank 0 was in the sums of Trainer.evaluate"):
+        training.reduce_sums([1.0, 2.0, 3.0])
+
+
+def test_the_step_timing_tells_the_wait_for_a_slower_rank_from_the_exposed_communication():
+    from neuroflow.trainer.data_parallel import DataParallel, StepTiming
+
+    # rank 0 reached the wait at 10.0 and left at 10.5; rank 1 got there at 10.4: 0.4 s waiting, 0.1 s exposed
+    timing = StepTiming.of(10.0, 10.5, [10.0, 10.4], 3)
+    assert timing.slowest == 1 and timing.started_early == 3
+    assert timing.waited_s == pytest.approx(0.4) and timing.exposed_s == pytest.approx(0.1)
+    late = StepTiming.of(10.4, 10.5, [10.0, 10.4], 3)  # the slowest rank waits for nobody
+    assert late.waited_s == 0.0 and late.exposed_s == pytest.approx(0.1) and late.slowest == 1
+    parallel = DataParallel(Mirrored())
+    assert parallel.timing is None
+    parallel.reduce_step(1.0, 2)  # the step's sums carry each rank's arrival: no collective of their own
+    assert parallel.timing is not None and parallel.communicator.log == ["the step's loss sum and stop flag"]
+
+
+def test_train_step_on_the_global_batch_needs_one_scalar_sum_a_step_and_a_sharded_loader_two():
+    made = []
+
+    def factory():
+        made.append(Mirrored())  # rank 0 of two whose other rank does the same
+        return made[-1]
+
+    registry.communicators.register("mirrored", factory)
+    try:
+        x, y = _blobs(40)
+        trainer = nf.Trainer(_mlp(), batch_size=10, progress=False, seed=0, distributed="mirrored")
+        trainer.train_step(x[:10], y[:10])
+        trainer.train_step(x[10:21], y[10:21])  # 11 rows: rank 0 takes 6; the global rows are known here
+        sums = [entry for entry in made[0].log if isinstance(entry, str) and entry.startswith("the ")]
+        assert sums == ["the step's loss sum and stop flag"] * 2
+        made[0].log.clear()
+        trainer.fit((x, y), epochs=1)  # the loader cuts the shards: each step asks for the global rows
+        sums = [entry for entry in made[0].log if isinstance(entry, str) and entry.startswith("the ")]
+        assert sums == ["the rows of the step's global batch", "the step's loss sum and stop flag"] * 4
+    finally:
+        registry.communicators.unregister("mirrored")

@@ -49,13 +49,15 @@ def environment() -> dict[str, str]:
     return env
 
 
-def run_ranks(ranks: int | None, script: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """``script`` (a file here) under ``mpiexec -n ranks`` (``ranks=None``: plain python, one process)."""
+def run_ranks(ranks: int | None, script: str, *args: str, check: bool = True,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``script`` (a file here) under ``mpiexec -n ranks`` (``ranks=None``: plain python, one process), with ``env``
+    added to the environment."""
     command = [sys.executable, str(HERE / script), *args]
     if ranks is not None:
         command = [mpiexec() or "mpiexec", "-n", str(ranks), *command]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=environment(),
-                            cwd=HERE)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S,
+                            env={**environment(), **(env or {})}, cwd=HERE)
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(command)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result

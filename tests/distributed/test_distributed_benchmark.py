@@ -19,4 +19,9 @@ def test_the_distributed_benchmark_prints_its_table():
     cells = first
     assert cells[:2] == ["MLP 784-128-64-10", "NeuroFlow (mpi)"]
     assert float(cells[2]) > 0 and float(cells[3]) > 0 and 0 < float(cells[4])
-    assert cells[-1].endswith("%)")
+    assert header[-3:] == ["exposed ms (overlapped / after backward)", "waiting for the slower rank ms",
+                           "allreduce hidden"]
+    # the engine's timers: the communication left after backward, with and without the overlap, and the share hidden
+    exposed, whole = (float(v) for v in cells[-3].split(" / "))
+    assert 0 <= exposed and 0 <= whole and float(cells[-2]) >= 0
+    assert cells[-1] == "-" or cells[-1].endswith("%")

@@ -142,7 +142,7 @@ def test_a_rank_alive_outside_any_collective_is_named_as_stuck(tmp_path):
 def test_every_rank_waiting_means_mismatched_collectives(tmp_path):
     monitor, _ = monitor_with(tmp_path, {0: None, 1: {"waiting": "a barrier", "since": time.time()}})
     assert monitor.diagnose() == ([], "every other rank is waiting in a collective too: the ranks called "
-                                      "different collectives")
+                                      "different collectives (rank 1 in a barrier)")
 
 
 def test_a_rank_that_never_started_or_ended_is_named(tmp_path):
@@ -182,3 +182,29 @@ def test_the_collective_timeout_defaults_to_five_minutes(monkeypatch):
     assert faults.collective_timeout() == 300.0
     monkeypatch.setenv(faults.TIMEOUT_VARIABLE, "2.5")
     assert faults.collective_timeout() == 2.5
+
+
+def test_killing_the_lead_rank_mid_save_keeps_the_last_checkpoint_and_resume_continues(tmp_path):
+    config, process, run_dir = started_training(tmp_path)
+    victim = rank_pid(run_dir, 0)  # rank 0 writes the checkpoints: killed while one is half written, if caught so
+    folder = tmp_path / "ckpt"
+    deadline = time.monotonic() + 20
+    while not list(folder.glob(".ckpt-*")) and time.monotonic() < deadline and process.poll() is None:
+        pass
+    os.kill(victim, signal.SIGKILL)
+    code, output = finish(process)
+    assert code != 0
+    assert f"rank 0 of 2 (pid {victim} on " in output and "killed by signal 9 (SIGKILL)" in output, output[-3000:]
+    kept = checkpoints(folder)
+    assert kept
+    for path in kept:  # every checkpoint left is whole: it loads
+        assert parameters(path)
+    resumed = neuroflow("train", str(config), "--nproc", "2", "--resume", "--max-steps", str(_step_of(kept[-1]) + 5),
+                        cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resumed from {kept[-1]} at step {_step_of(kept[-1])}" in resumed.stdout
+    assert not list(folder.glob(".ckpt-*"))  # the half-written file of the killed rank is gone
+
+
+def _step_of(path) -> int:
+    return int(path.stem.split("-")[1])

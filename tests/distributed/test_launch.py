@@ -106,6 +106,17 @@ def test_nproc_with_an_unknown_communicator_lists_the_known_ones(tmp_path, capsy
     assert "carrier-pigeon" in err and "mpi" in err
 
 
+def test_nproc_with_nccl_and_no_cupy_or_gpu_says_so_before_starting_any_rank(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError, as on a machine without CuPy
+    config = tmp_path / "c.toml"
+    config.write_text('distributed = "nccl"\n[model]\nlayers = [{ type = "Linear", in_features = 2, '
+                      'out_features = 2 }]\n[data]\ntrain = "t.npz"\n')
+    assert main(["train", str(config), "--nproc", "2"]) == 1  # (a missing library, not a bad config: status 1)
+    err = capsys.readouterr().err
+    assert "the nccl communicator needs CuPy with NCCL: pip install cupy-cuda12x" in err
+    assert "starting 2 ranks" not in err  # refused before mpiexec, not once by every rank
+
+
 def test_nproc_without_neuroflow_distributed_says_what_to_install(tmp_path):
     config = mnist_config(tmp_path, max_steps=1)
     result = neuroflow("train", str(config), "--nproc", "2", cwd=tmp_path, NEUROFLOW_DISABLE_PLUGIN_AUTOLOAD="1")

@@ -3,11 +3,15 @@
 ``diverge``: rank 1's parameters are changed between two steps; debug=True must end the run naming the step.
 ``raise``: rank 1's data holds a NaN, so only rank 1 raises; the run must end instead of rank 0 waiting.
 ``stop``: rank 1 alone asks to stop (as Ctrl-C does); both ranks must stop after the same step.
+``evaluate_alone``: rank 0 evaluates while rank 1 trains; the run must end naming evaluate.
+``evaluate_after``: rank 0 evaluates alone after rank 1 has finished; the run must end, long before the timeout.
+``predict_alone``: rank 0 predicts between two steps; nothing waits for it.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 
@@ -46,6 +50,22 @@ def main() -> None:
         if rank == 1:
             x[20:24] = np.nan  # the third global batch: rows 16..23, rank 1 takes 20..23
         trainer.fit((x, y), epochs=1)
+    elif case == "evaluate_alone":  # rank 0 evaluates while rank 1 trains on: an error, not sums of the wrong numbers
+        trainer.train_step(x[:8], y[:8])
+        if rank == 0:
+            trainer.evaluate((x, y))
+        else:
+            trainer.train_step(x[8:16], y[8:16])
+    elif case == "evaluate_after":  # rank 0 evaluates alone once rank 1 has finished: no rank will join it
+        trainer.train_step(x[:8], y[:8])
+        if rank == 0:
+            time.sleep(0.5)  # rank 1 is at the end of the run by then
+            trainer.evaluate((x, y))
+    elif case == "predict_alone":  # predict needs no other rank
+        trainer.train_step(x[:8], y[:8])
+        if rank == 0:
+            print(f"rank 0 predicted {trainer.predict(x).shape}", flush=True)
+        trainer.train_step(x[8:16], y[8:16])
     elif case == "stop":
         if rank == 1:
             plugin_manager().register(StopAtStep(3))

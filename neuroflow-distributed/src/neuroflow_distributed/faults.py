@@ -50,6 +50,9 @@ EXIT_LOST = 70
 _SPIN_S = 0.002
 _NAP_S = 0.0002
 
+#: what a rank that has finished waits in, in its heartbeat
+_AT_EXIT = "the end of the run"
+
 _monitor: FaultMonitor | None = None
 
 
@@ -123,16 +126,17 @@ class FaultMonitor:
 
     def at_exit(self) -> None:
         """At interpreter exit: wait (as long as a collective may) for every rank to get here too, else abort."""
-        self._stop.set()
-        if self.ended:
+        if self.ended or self.exit_barrier is None:
+            self.ended = True
+            self._stop.set()
             return
         self.ended = True
-        if self.exit_barrier is None:
-            return
-        try:
-            self.wait(self.exit_barrier(), "the end of the run (waiting for every rank to finish)")
+        try:  # the heartbeats go on meanwhile: a rank that waits for the others here is alive, and says where it is
+            self.wait(self.exit_barrier(), f"{_AT_EXIT} (waiting for every rank to finish)")
         except LostRankError:
             return
+        finally:
+            self._stop.set()
         if self.run_dir is not None:
             self.run_dir.write_exit(self.rank, 0, "finished")
 
@@ -144,12 +148,20 @@ class FaultMonitor:
             return
         start = time.monotonic()
         deadline, spin_until = start + self.timeout_s, start + _SPIN_S
+        look = start + STALE_S  # when to look whether every other rank has finished (never joining this one)
         self.waiting = (what, start)
         try:
             while not request.Test():
                 now = time.monotonic()
                 if now > deadline:
                     self.lost(what, now - start)
+                if now > look and not what.startswith(_AT_EXIT):
+                    look = now + HEARTBEAT_S
+                    if self.others_finished():
+                        self.end(EXIT_LOST, f"rank {self.rank} is in {what}, which no other rank will join: every "
+                                            f"other rank has finished and waits at the end of the run (a collective "
+                                            f"only this rank called, such as Trainer.evaluate on one rank alone)")
+                        raise LostRankError(what)  # only reached where abort returns (a test's fake communicator)
                 if now > spin_until:
                     time.sleep(_NAP_S)
         finally:
@@ -164,6 +176,13 @@ class FaultMonitor:
         self.end(EXIT_LOST, message, lost)
         raise LostRankError(message)  # only reached where abort returns (a test's fake communicator)
 
+    def others_finished(self) -> bool:
+        """Whether every other rank's heartbeat says it waits at the end of the run (from the run directory)."""
+        if self.run_dir is None or self.size == 1:
+            return False
+        others = [r for r in self.run_dir.read_all(self.size) if r.rank != self.rank]
+        return all(r.beat is not None and str(r.beat.get("waiting") or "").startswith(_AT_EXIT) for r in others)
+
     def diagnose(self) -> tuple[list[int], str]:
         """The ranks that are not answering, and a sentence saying so (from the run directory's heartbeats)."""
         if self.run_dir is None:
@@ -173,7 +192,10 @@ class FaultMonitor:
         now = time.time()
         verdicts = {r.rank: verdict for r in records if (verdict := _verdict(r, now)) is not None}
         if not verdicts:
-            return [], "every other rank is waiting in a collective too: the ranks called different collectives"
+            elsewhere = "; ".join(f"rank {r.rank} in {r.beat['waiting']}" for r in records
+                                  if r.beat is not None and r.beat.get("waiting"))
+            return [], ("every other rank is waiting in a collective too: the ranks called different collectives"
+                        + (f" ({elsewhere})" if elsewhere else ""))
         lost = sorted(verdicts)
         return lost, "; ".join(f"rank {rank} {text}" for rank, text in verdicts.items())
 

@@ -168,7 +168,7 @@ def lost_rank_message(run_dir: RunDirectory, nproc: int, code: int, output: byte
     missing = [r for r in records if r.start is None]
     if missing:
         return (f"rank {', '.join(str(r.rank) for r in missing)} of {nproc} never started (exit status {code}): "
-                f"see mpiexec's output above")
+                f"it ended, or was not started, before its communicator was set up; see the output above")
     return f"the run ended with exit status {code}; no rank left a record of why (see the output above)"
 
 

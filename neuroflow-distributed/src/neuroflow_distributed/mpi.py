@@ -92,10 +92,10 @@ class MPICommunicator:
 
         return MPIHandle(request, finish)
 
-    def allreduce_scalars(self, values: list[float], op: str = "sum") -> list[float]:
+    def allreduce_scalars(self, values: list[float], op: str = "sum", what: str = "the step's sums") -> list[float]:
         buffer = np.asarray(values, dtype=np.float64).copy()
         faults.wait(self._live().Iallreduce(self.MPI.IN_PLACE, buffer, op=self._ops[check_reduction(op)]),
-                    "an allreduce of the step's sums")
+                    f"an allreduce of {what}")
         return [float(v) for v in buffer]
 
     def sparse_allreduce_sum(self, array: Any) -> bool:

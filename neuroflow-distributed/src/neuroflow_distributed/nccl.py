@@ -44,6 +44,23 @@ def local_rank(rank: int) -> int:
     return rank
 
 
+def visible_gpus(cupy: Any) -> int:
+    """How many GPUs CuPy sees; a CommunicatorError when there is none (the nccl communicator needs one a rank)."""
+    devices = _device_count(cupy)
+    if devices == 0:
+        raise CommunicatorError("the nccl communicator needs an NVIDIA GPU; none is visible "
+                                "(use distributed='mpi' on CPUs)")
+    return devices
+
+
+def launch_on_gpus(nproc: int, argv: Any, communicator: str = "nccl") -> int:
+    """``neuroflow train --nproc N`` with ``distributed = "nccl"``: CuPy, NCCL and a GPU are checked here, before
+    any rank starts (else every rank would fail alike), then :func:`~neuroflow_distributed.launch.launch`."""
+    cupy, _ = import_nccl()
+    visible_gpus(cupy)
+    return launch_workers(nproc, argv, communicator)
+
+
 class NCCLHandle:
     """A collective queued on the communicator's stream; ``done``/``wait`` look at the event recorded after it."""
 
@@ -65,14 +82,11 @@ class NCCLCommunicator:
     """One GPU per rank, as a :class:`Communicator` whose arrays are CuPy device arrays."""
 
     #: ``neuroflow train --nproc N`` starts its workers with this, through mpiexec (the rendezvous is over MPI)
-    launch = staticmethod(launch_workers)
+    launch = staticmethod(launch_on_gpus)
 
     def __init__(self, mpi: MPICommunicator | None = None) -> None:
         cupy, nccl = import_nccl()
-        devices = _device_count(cupy)
-        if devices == 0:
-            raise CommunicatorError("the nccl communicator needs an NVIDIA GPU; none is visible "
-                                    "(use distributed='mpi' on CPUs)")
+        devices = visible_gpus(cupy)
         self.cupy, self.nccl = cupy, nccl
         self.mpi = mpi if mpi is not None else MPICommunicator()
         self.rank, self.size = self.mpi.rank, self.mpi.size
@@ -111,8 +125,8 @@ class NCCLCommunicator:
         handle.event = self.stream.record()
         return handle
 
-    def allreduce_scalars(self, values: list[float], op: str = "sum") -> list[float]:
-        return self.mpi.allreduce_scalars(values, check_reduction(op))
+    def allreduce_scalars(self, values: list[float], op: str = "sum", what: str = "the step's sums") -> list[float]:
+        return self.mpi.allreduce_scalars(values, check_reduction(op), what)
 
     def sparse_allreduce_sum(self, array: Any) -> bool:
         """The dense sum: NCCL has no gather of uneven lengths, and a GPU's links make dense the cheaper (False)."""

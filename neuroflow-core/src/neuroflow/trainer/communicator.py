@@ -85,8 +85,9 @@ class Communicator(Protocol):
         """
         ...
 
-    def allreduce_scalars(self, values: list[float], op: str = "sum") -> list[float]:
-        """The element-wise ``op`` ("sum", "max" or "min") over ranks of a few float64 values (blocking)."""
+    def allreduce_scalars(self, values: list[float], op: str = "sum", what: str = "the step's sums") -> list[float]:
+        """The element-wise ``op`` ("sum", "max" or "min") over ranks of a few float64 values (blocking); ``what``
+        they are names the collective in the error of a rank that waited too long in it."""
         ...
 
     def sparse_allreduce_sum(self, array: Any) -> bool:

@@ -41,15 +41,26 @@ from neuroflow.errors import ConfigError, NeuroFlowError
 from neuroflow.operator import Operator
 from neuroflow.trainer.communicator import Communicator, GradientReducer, open_communicator, requested_communicator
 
-#: The bucket size when ``bucket_mb`` is not set, measured with neuroflow-distributed/benchmarks/overlap.py
-#: (ResNet-18, batch 32 a rank, 2 ranks at one thread each, MPICH over shared memory): the share of the allreduce
-#: hidden behind backward was 87 % at 0.5 MiB, 91 % at 1, 94 % at 2, 95 % at 4, 61 % at 8 and 68 % at 25 MiB
-#: (PyTorch DDP's default): larger buckets start too late, smaller ones pay more per-message costs.
+#: The bucket size when ``bucket_mb`` is not set, measured with ``benchmarks/distributed.py --models resnet18
+#: --bucket-mb 1 2 4 8 25`` (ResNet-18, batch 32 a rank, 2 ranks at one thread each, MPICH over shared memory; the
+#: engine's timers, :attr:`DataParallel.timing`): the share of the allreduce hidden behind backward was 93 % at
+#: 1 MiB, 94 % at 2 and at 4, 66 % at 8 and 59 % at 25 MiB (PyTorch DDP's default): larger buckets start too late,
+#: smaller ones pay more per-message costs.
 DEFAULT_BUCKET_MB = 2.0
 
 
 class ParametersDivergedError(NeuroFlowError, RuntimeError):
     """``debug=True`` found ranks whose parameters differ after a step."""
+
+
+class CollectiveMismatchError(NeuroFlowError, RuntimeError):
+    """The ranks were in different collectives: one evaluating while another trained, say."""
+
+
+#: DataParallel's sums over ranks, and what each is (named when the ranks are not all in the same one)
+_ROWS, _STEP, _EVALUATE = 1.0, 2.0, 3.0
+_SUMS = {_ROWS: "the rows of the step's global batch", _STEP: "the step's loss sum and stop flag",
+         _EVALUATE: "the sums of Trainer.evaluate"}
 
 
 @dataclass(frozen=True)
@@ -61,9 +72,9 @@ class StepTiming:
     communication. ``exposed_s`` is the communication left once every rank
     had finished backward: what backward did not hide. ``started_early`` is
     the number of buckets whose allreduce started during backward. The
-    times come from ``time.perf_counter`` (one clock for the processes of a
-    host); across hosts ``waited_s`` and ``exposed_s`` are only as good as
-    the hosts' clocks agree.
+    ranks' moments are compared on the wall clock (``time.time``): exact
+    for the processes of one host; across hosts as good as the hosts'
+    clocks agree (NTP: about a millisecond).
     """
 
     exposed_s: float
@@ -72,7 +83,8 @@ class StepTiming:
     started_early: int
 
     @classmethod
-    def of(cls, rank: int, arrived: float, left: float, arrivals: list[float], early: int) -> StepTiming:
+    def of(cls, arrived: float, left: float, arrivals: list[float], early: int) -> StepTiming:
+        """This rank's timing: it ``arrived`` at the wait and ``left`` it; ``arrivals[r]`` is when rank r arrived."""
         last = max(arrivals)
         return cls(exposed_s=max(0.0, left - max(last, arrived)), waited_s=min(left - arrived, max(0.0, last - arrived)),
                    slowest=int(arrivals.index(last)), started_early=early)
@@ -104,6 +116,7 @@ class DataParallel:
         self.timing: StepTiming | None = None
         self._arrived = self._reduced = 0.0  # when this rank reached the gradient wait, and left it
         self._early = 0
+        self._global_rows = 0  # the rows of the global micro-batches shard cut since the last step began
 
     @classmethod
     def from_options(cls, options: Any, stop: Any = None) -> DataParallel | None:
@@ -145,10 +158,17 @@ class DataParallel:
             self._announce_final_gradients(model, flat)
 
     def global_rows(self, rows: int) -> int:
-        """The rows of this step's global batch: the sum of every rank's ``rows`` (each loss is scaled by it)."""
+        """The rows of this step's global batch: the sum of every rank's ``rows`` (each loss is scaled by it).
+
+        When this step's micro-batches were cut here (:meth:`shard`: ``train_step`` on the global batch) their
+        global rows are known without asking the other ranks; a sharded loader's batches cost one allreduce.
+        """
+        known, self._global_rows = self._global_rows, 0
         if self.size == 1:
             return rows
-        return int(round(self.communicator.allreduce_scalars([float(rows)])[0]))
+        if known:
+            return known
+        return int(round(self._sums(_ROWS, [float(rows)])[0]))
 
     def begin_backward(self) -> None:
         """Before the step's last backward: from now on each final gradient joins its bucket's allreduce."""
@@ -162,14 +182,14 @@ class DataParallel:
         if reducer is None or flat is None:
             raise ConfigError("DataParallel.reduce_gradients before prepare")
         self.announcing = False
-        self._arrived = time.perf_counter()
+        self._arrived = time.time()  # the wall clock: compared across ranks (and hosts)
         if self.compressing:  # only the entries the compressor kept go out (when that is fewer bytes)
             self.sent_sparse = self.communicator.sparse_allreduce_sum(flat.grad)
             self._early = 0
         else:
             reducer.finish()
             self._early = int(getattr(reducer, "started_early", 0))
-        self._reduced = time.perf_counter()
+        self._reduced = time.time()
 
     def reduce_step(self, loss_sum: float, correct: int) -> tuple[float, int]:
         """The step's loss sum and correct predictions over all ranks; a stop asked for on any rank, on all.
@@ -182,17 +202,20 @@ class DataParallel:
         if self.size > 1:
             arrivals = [0.0] * self.size
             arrivals[self.rank] = self._arrived
-            loss_sum, hits, stop, *arrivals = self.communicator.allreduce_scalars(
-                [loss_sum, float(correct), float(asked), *arrivals])
+            loss_sum, hits, stop, *arrivals = self._sums(_STEP, [loss_sum, float(correct), float(asked), *arrivals])
             correct, asked = int(round(hits)), stop > 0
-            self.timing = StepTiming.of(self.rank, self._arrived, self._reduced, arrivals, self._early)
+            self.timing = StepTiming.of(self._arrived, self._reduced, arrivals, self._early)
         if self.stop is not None:
             self.stop.agreed = asked
         return loss_sum, correct
 
     def after_step(self, model: Operator, step: int) -> None:
-        """After the update: BatchNorm's running statistics averaged (``sync_batchnorm``), the ranks' parameters
-        compared (``debug``)."""
+        """After the update: the ranks' parameters compared (``debug``), and with ``sync_batchnorm`` every
+        floating-point buffer (BatchNorm's running mean and variance) averaged over the ranks.
+
+        That is all ``sync_batchnorm`` does: in training each rank still normalises its rows with their own
+        batch statistics (the forward pass is not synchronised); what eval mode uses is the same everywhere.
+        """
         if self.sync_batchnorm and self.size > 1:
             for _, tensor in model.named_buffers():
                 data = tensor.data
@@ -209,8 +232,9 @@ class DataParallel:
             return
         host = flat.data if isinstance(flat.data, np.ndarray) else flat.data.get()
         checksum = float(zlib.crc32(np.ascontiguousarray(host).data))
-        high, = self.communicator.allreduce_scalars([checksum], op="max")
-        low, = self.communicator.allreduce_scalars([checksum], op="min")
+        high, negated_low = self.communicator.allreduce_scalars([checksum, -checksum], op="max",
+                                                                what="the parameters' checksums (debug=True)")
+        low = -negated_low  # one collective for both ends
         if high != low:
             raise ParametersDivergedError(f"after step {step} the parameters differ between ranks (checksums from "
                                           f"{int(low):#010x} to {int(high):#010x}); rank {self.rank} has "
@@ -226,11 +250,29 @@ class DataParallel:
             raise ConfigError(f"a global batch of {len(x)} rows cannot be shared by {self.size} ranks; "
                               f"give each rank at least one row")
         start, stop = shard_bounds(len(x), self.rank, self.size)
+        self._global_rows += len(x)  # this step's global rows, for global_rows
         return x[start:stop], y[start:stop]
 
     def reduce_sums(self, values: list[float]) -> list[float]:
-        """``values`` summed over ranks (evaluation's loss sum, correct predictions and samples)."""
-        return values if self.size == 1 else self.communicator.allreduce_scalars(values)
+        """``values`` summed over ranks (evaluation's loss sum, correct predictions and samples): a collective,
+        which every rank must call (``Trainer.evaluate`` on one rank alone is a CollectiveMismatchError when the
+        others go on training; once they have finished, the run ends after the collective timeout, or within seconds
+        where the ranks share a run directory, as under ``neuroflow train --nproc``)."""
+        return values if self.size == 1 else self._sums(_EVALUATE, values)
+
+    def _sums(self, kind: float, values: list[float]) -> list[float]:
+        """``values`` summed over ranks, with ``kind`` (which of :data:`_SUMS` this is) and its square in front:
+        every rank in the same one leaves them ``size`` times their own, and any two kinds that differ do not
+        (a sum of squares equal to ``size`` times the square of the mean means no spread), so that a rank that
+        called another collective is an error here instead of numbers silently added to the wrong ones."""
+        total, squares, *sums = self.communicator.allreduce_scalars([kind, kind * kind, *values], what=_SUMS[kind])
+        if total != self.size * kind or squares != self.size * kind * kind:
+            hint = (" Trainer.evaluate sums over every rank: call it on every rank, with the same data (predict "
+                    "needs no other rank)" if kind == _EVALUATE or total > self.size * kind else "")
+            raise CollectiveMismatchError(f"rank {self.rank} was in {_SUMS[kind]} while another of the {self.size} "
+                                          f"ranks was in a different collective: every rank must run the same "
+                                          f"steps and calls.{hint}")
+        return sums
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
