@@ -6,6 +6,9 @@ PyTorch semantics: biased batch variance to normalise, unbiased variance in
 numpy (one thread), so the op reduces with one pass each for the mean and the
 variance, writes the output in two, and can fuse a following ReLU
 (``activation="relu"``) instead of spending two more passes in a separate op.
+On numpy those passes run split over the leading axis between the cores
+(:mod:`neuroflow.backends.cpu_parallel`), all passes of a block while it is
+in cache; the reductions keep their order.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow.backends.cpu_parallel import over_batch
 from neuroflow.backends.reductions import dot_channels, dot_rows, sum_channels, sum_rows
 from neuroflow.errors import ShapeError
 from neuroflow.layout_pass import LayoutOptions
@@ -100,6 +104,10 @@ class BatchNorm2d(Operator):
         """Per-channel Σ a, blocked (:mod:`neuroflow.backends.reductions`): float32 keeps its digits over N·H·W."""
         return sum_rows(self.xp, a2) if self.layout == "NHWC" else sum_channels(self.xp, a2)
 
+    def _passes(self, a: Any, run: Any, arrays: int) -> None:
+        """``run(lo, hi)`` over ``a``'s leading axis: on numpy split between threads, in cache-sized blocks."""
+        over_batch(self.xp, a.shape[0], run, a.size * arrays, a[0].nbytes * 2 if a.shape[0] else 0)
+
     def _dot(self, a2: Any, b2: Any) -> Any:
         """Per-channel Σ a·b in one pass, without a temporary, blocked as :meth:`_sum`."""
         return dot_rows(self.xp, a2, b2) if self.layout == "NHWC" else dot_channels(self.xp, a2, b2)
@@ -137,11 +145,17 @@ class BatchNorm2d(Operator):
         One elementwise pass: a parent that needs the output in backward
         (as the next convolution's input) can drop it in between.
         """
-        xp, y2 = self.xp, self._view(out)
-        xp.multiply(self._view(self.saved_input), self._per_channel(self._scale), out=y2)
-        y2 += self._per_channel(self._shift)
-        if self.activation == "relu":
-            xp.maximum(out, 0, out=out)
+        xp, y2, x2 = self.xp, self._view(out), self._view(self.saved_input)
+        scale, shift, relu = self._per_channel(self._scale), self._per_channel(self._shift), self.activation == "relu"
+
+        def run(lo: int, hi: int) -> None:
+            part = y2[lo:hi]
+            xp.multiply(x2[lo:hi], scale, out=part)
+            part += shift
+            if relu:
+                xp.maximum(part, 0, out=part)
+
+        self._passes(y2, run, 5 if relu else 3)
         self._y = out if self.activation else None
         return out
 
@@ -180,8 +194,13 @@ class BatchNorm2d(Operator):
             g = grad_out
             if y is not None:  # fused ReLU: the gradient passes where the output is positive
                 mask = ws("batchnorm.mask", y.shape, bool)
-                xp.greater(y, 0, out=mask)
-                g = xp.multiply(grad_out, mask, out=ws("batchnorm.g", y.shape, y.dtype))
+                g = ws("batchnorm.g", y.shape, y.dtype)
+
+                def masked(lo: int, hi: int) -> None:
+                    xp.greater(y[lo:hi], 0, out=mask[lo:hi])
+                    xp.multiply(grad_out[lo:hi], mask[lo:hi], out=g[lo:hi])
+
+                self._passes(g, masked, 4)
             g2, x2 = self._view(g), self._view(x)
             count = x.size // self.num_features
             gbeta = self._sum(g2)
@@ -199,12 +218,19 @@ class BatchNorm2d(Operator):
             # gx = a·(g − mean(g) − x̂·mean(g·x̂)) = a·g + b·x + c per channel
             b = -a * gxhat_sum * invstd / count
             c = -a * gbeta / count - b * mean
-            xp.multiply(x2, self._per_channel(b.astype(x.dtype, copy=False)), out=gx2)
-            gx2 += self._per_channel(c.astype(x.dtype, copy=False))
+            bb, cc = self._per_channel(b.astype(x.dtype, copy=False)), self._per_channel(c.astype(x.dtype, copy=False))
+            aa = self._per_channel(a.astype(x.dtype, copy=False))
             # the masked gradient is our workspace, read for the last time here: scale it in place
             t = g2 if y is not None else ws("batchnorm.t", gx2.shape, x.dtype)
-            xp.multiply(g2, self._per_channel(a.astype(x.dtype, copy=False)), out=t)
-            gx2 += t
+
+            def combine(lo: int, hi: int) -> None:
+                part, tp = gx2[lo:hi], t[lo:hi]
+                xp.multiply(x2[lo:hi], bb, out=part)
+                part += cc
+                xp.multiply(g2[lo:hi], aa, out=tp)
+                part += tp
+
+            self._passes(gx2, combine, 8)
             return gx
 
     # ------------------------------------------------------------------ description

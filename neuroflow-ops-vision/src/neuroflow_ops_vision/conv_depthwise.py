@@ -4,12 +4,21 @@ With one input channel per group a GEMM degenerates to a dot product of
 length kh·kw, so each tap is instead a broadcast multiply-add over the whole
 map: no column buffer, and the work is kh·kw passes over the output.
 ``weight`` is (C·m, 1, kh, kw) for depth multiplier m, viewed here as (C, m, kh, kw).
+
+On numpy the tap loops run over the batch split between the cores
+(:mod:`neuroflow.backends.cpu_parallel`), each chunk a few samples at a time
+so a sample's output and product stay in cache across the taps; every
+element gets the same operations in the same order as in one pass. The
+weight gradient (a sum over the batch) is split over output rows instead.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from neuroflow.backends.cpu_parallel import for_chunks, over_batch
 from neuroflow.backends.reductions import sum_rows
 from neuroflow_ops_vision.conv_gemm import padded_shape
 from neuroflow_ops_vision.windows import Geometry, pad_into
@@ -19,7 +28,9 @@ from neuroflow_ops_vision.workspace import Workspace
 def _padded(ws: Workspace, x: Any, geo: Geometry) -> Any:
     if geo.padding == (0, 0):
         return x
-    return pad_into(x, geo.padding, ws("depthwise.xpad", padded_shape(x.shape, geo), x.dtype))
+    xpad = ws("depthwise.xpad", padded_shape(x.shape, geo), x.dtype)
+    over_batch(ws.xp, x.shape[0], lambda lo, hi: pad_into(x[lo:hi], geo.padding, xpad[lo:hi]), 2 * xpad.size)
+    return xpad
 
 
 def forward(ws: Workspace, x: Any, w4: Any, y: Any, geo: Geometry) -> None:
@@ -31,14 +42,19 @@ def forward(ws: Workspace, x: Any, w4: Any, y: Any, geo: Geometry) -> None:
     # With one filter per channel everything stays 4-d: a trailing axis of 1 would make numpy's inner loops one long.
     out = y if m == 1 else y.reshape(n, ho, wo, c, m)
     t = ws("depthwise.tap", out.shape, y.dtype)
-    for k, (i, j) in enumerate(geo.taps()):
-        window = xpad[:, geo.rows(i, ho), geo.cols(j, wo), :]
-        weight = w4[:, 0, i, j] if m == 1 else w4[:, :, i, j]
-        if m != 1:
-            window = window[..., None]
-        xp.multiply(window, weight, out=out if k == 0 else t)
-        if k:
-            out += t
+    taps = list(geo.taps())
+    weights = [w4[:, 0, i, j] if m == 1 else w4[:, :, i, j] for i, j in taps]
+
+    def run(lo: int, hi: int) -> None:
+        for k, (i, j) in enumerate(taps):
+            window = xpad[lo:hi, geo.rows(i, ho), geo.cols(j, wo), :]
+            if m != 1:
+                window = window[..., None]
+            xp.multiply(window, weights[k], out=out[lo:hi] if k == 0 else t[lo:hi])
+            if k:
+                out[lo:hi] += t[lo:hi]
+
+    over_batch(xp, n, run, out.size * len(taps) * 4, out[0].nbytes)
 
 
 def backward(ws: Workspace, x: Any, grad: Any, w4: Any, gw4: Any | None, gx: Any | None, geo: Geometry) -> None:
@@ -51,25 +67,32 @@ def backward(ws: Workspace, x: Any, grad: Any, w4: Any, gw4: Any | None, gx: Any
         xpad = _padded(ws, x, geo)
         # Each tap's Σ over N·Ho·Wo: over the batch per pixel, then over the pixels blocked (float32 keeps its digits).
         per_pixel = ws("depthwise.gw_pixel", (ho, wo, c) if m == 1 else (ho, wo, c, m), grad.dtype)
+        spec = "nhwc,nhwc->hwc" if m == 1 else "nhwc,nhwcm->hwcm"
         for i, j in geo.taps():
             window = xpad[:, geo.rows(i, ho), geo.cols(j, wo), :]
-            if m == 1:
-                xp.einsum("nhwc,nhwc->hwc", window, g, out=per_pixel)
+
+            def rows(lo: int, hi: int, window: Any = window) -> None:  # each output row's Σ over n, whole
+                xp.einsum(spec, window[:, lo:hi], g[:, lo:hi], out=per_pixel[lo:hi])
+
+            if xp is np:
+                for_chunks(ho, rows, 2 * g.size)
             else:
-                xp.einsum("nhwc,nhwcm->hwcm", window, g, out=per_pixel)
+                rows(0, ho)
             gw4[:, :, i, j] = sum_rows(xp, per_pixel.reshape(ho * wo, c * m)).reshape(c, m)
     if gx is None:
         return
-    gx[...] = 0
     t = ws("depthwise.gtap", x.shape[:1] + (ho, wo, c), grad.dtype)
-    for i, j in geo.taps():
-        clip = geo.clipped(i, j, (x.shape[1], x.shape[2]), (ho, wo))
-        if clip is None:
-            continue
-        ro, co, ri, ci = clip
-        part = t[:, ro, co, :]
-        if m == 1:
-            xp.multiply(g[:, ro, co, :], w4[:, 0, i, j], out=part)
-        else:
-            part[...] = xp.einsum("nhwcm,cm->nhwc", g[:, ro, co], w4[:, :, i, j])
-        gx[:, ri, ci, :] += part
+    clips = [(clip, w4[:, 0, i, j] if m == 1 else w4[:, :, i, j]) for i, j in geo.taps()
+             if (clip := geo.clipped(i, j, (x.shape[1], x.shape[2]), (ho, wo))) is not None]
+
+    def run(lo: int, hi: int) -> None:
+        gx[lo:hi] = 0
+        for (ro, co, ri, ci), weight in clips:
+            part = t[lo:hi, ro, co, :]
+            if m == 1:
+                xp.multiply(g[lo:hi, ro, co, :], weight, out=part)
+            else:
+                part[...] = xp.einsum("nhwcm,cm->nhwc", g[lo:hi, ro, co], weight)
+            gx[lo:hi, ri, ci, :] += part
+
+    over_batch(xp, x.shape[0], run, gx.size * (1 + 4 * len(clips)), gx[0].nbytes + t[0].nbytes)

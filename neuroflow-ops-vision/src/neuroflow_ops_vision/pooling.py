@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow.backends.cpu_parallel import over_batch
 from neuroflow.backends.reductions import sum_last, sum_rows
 from neuroflow.layout_pass import LayoutOptions
 from neuroflow.operator import MemoryDeclaration, Operator
@@ -84,23 +85,30 @@ class _WindowPool(Operator):
                 and out_hw[0] * g.kernel[0] == hw[0] and out_hw[1] * g.kernel[1] == hw[1])
 
     def _scatter(self, tap_grad: Any, shape: tuple[int, ...], out_hw: tuple[int, int], dtype: Any, ws: Workspace) -> Any:
-        """gx of ``shape`` from per-tap gradients: ``tap_grad(t, out)`` writes tap t's gradient into ``out``."""
+        """gx of ``shape`` from per-tap gradients: ``tap_grad(t, out, lo, hi)`` writes tap t's gradient for samples
+        lo:hi into ``out``. On numpy the batch is split between the cores (each sample's sums in tap order)."""
         hw = spatial_shape(shape, self.layout)
         gx = self.buffer("gx", shape, dtype)
         exact = self._tiles_exactly(hw, out_hw)
-        if not exact:
-            gx[...] = 0
         part = ws("pool.part", _with_spatial(shape, out_hw, self.layout), dtype)
-        for t, (i, j) in enumerate(self.geometry.taps()):
-            if exact:
-                tap_grad(t, self._tap(gx, i, j, out_hw))
-                continue
-            clip = self.geometry.clipped(i, j, hw, out_hw)
-            if clip is None:
-                continue
-            ro, co, ri, ci = clip
-            tap_grad(t, part)
-            gx[spatial_index(self.layout, ri, ci)] += part[spatial_index(self.layout, ro, co)]
+        taps = list(enumerate(self.geometry.taps()))
+
+        def run(lo: int, hi: int) -> None:
+            gxs = gx[lo:hi]
+            if not exact:
+                gxs[...] = 0
+            for t, (i, j) in taps:
+                if exact:
+                    tap_grad(t, self._tap(gxs, i, j, out_hw), lo, hi)
+                    continue
+                clip = self.geometry.clipped(i, j, hw, out_hw)
+                if clip is None:
+                    continue
+                ro, co, ri, ci = clip
+                tap_grad(t, part[lo:hi], lo, hi)
+                gxs[spatial_index(self.layout, ri, ci)] += part[lo:hi][spatial_index(self.layout, ro, co)]
+
+        over_batch(self.xp, shape[0], run, gx.size * 3)
         return gx
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
@@ -171,19 +179,25 @@ class MaxPool2d(_WindowPool):
             argmax = self.buffer("argmax", out_shape, self._index_dtype)
             better = ws("pool.better", out_shape, bool)
             label = ws("pool.label", out_shape, self._index_dtype)
-            for t, (i, j) in enumerate(self.geometry.taps()):
-                window = self._tap(src, i, j, out_hw)
-                if t == 0:
-                    xp.copyto(y, window)
-                    argmax[...] = 0
-                    continue
-                # argmax = max(argmax, t·[window > y]): a strictly larger value moves the index to the later tap t
-                xp.greater(window, y, out=better)
-                xp.maximum(y, window, out=y)
-                xp.multiply(better, self._index_dtype(t), out=label)
-                xp.maximum(argmax, label, out=argmax)
-            if self.activation == "relu":
-                xp.maximum(y, 0, out=y)
+            taps, index, relu = list(enumerate(self.geometry.taps())), self._index_dtype, self.activation == "relu"
+
+            def run(lo: int, hi: int) -> None:
+                ys, am, bt, lb = y[lo:hi], argmax[lo:hi], better[lo:hi], label[lo:hi]
+                for t, (i, j) in taps:
+                    window = self._tap(src[lo:hi], i, j, out_hw)
+                    if t == 0:
+                        xp.copyto(ys, window)
+                        am[...] = 0
+                        continue
+                    # argmax = max(argmax, t·[window > y]): a strictly larger value moves the index to the later tap
+                    xp.greater(window, ys, out=bt)
+                    xp.maximum(ys, window, out=ys)
+                    xp.multiply(bt, index(t), out=lb)
+                    xp.maximum(am, lb, out=am)
+                if relu:
+                    xp.maximum(ys, 0, out=ys)
+
+            over_batch(xp, y.shape[0], run, y.size * 5 * len(taps))
             self._in_shape, self._argmax, self._out = tuple(x.shape), argmax, y
             return y
 
@@ -206,9 +220,9 @@ class MaxPool2d(_WindowPool):
                 xp.greater(self._out, 0, out=hit)
                 grad_out = xp.multiply(grad_out, hit, out=ws("pool.masked", grad_out.shape, grad_out.dtype))
 
-            def tap_grad(t: int, out: Any) -> None:
-                xp.equal(argmax, t, out=hit)
-                xp.multiply(grad_out, hit, out=out)
+            def tap_grad(t: int, out: Any, lo: int, hi: int) -> None:
+                xp.equal(argmax[lo:hi], t, out=hit[lo:hi])
+                xp.multiply(grad_out[lo:hi], hit[lo:hi], out=out)
 
             return self._scatter(tap_grad, self._in_shape, spatial_shape(argmax.shape, self.layout), grad_out.dtype,
                                  ws)
@@ -268,8 +282,8 @@ class AvgPool2d(_WindowPool):
             xp.multiply(grad_out, self._scale if isinstance(self._scale, float) else self._scale.astype(grad_out.dtype),
                         out=scaled)
 
-            def tap_grad(t: int, out: Any) -> None:
-                xp.copyto(out, scaled)
+            def tap_grad(t: int, out: Any, lo: int, hi: int) -> None:
+                xp.copyto(out, scaled[lo:hi])
 
             return self._scatter(tap_grad, self._in_shape, spatial_shape(grad_out.shape, self.layout), grad_out.dtype,
                                  ws)

@@ -13,6 +13,9 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from neuroflow.backends.cpu_parallel import copyto
 from neuroflow.errors import ShapeError
 
 
@@ -153,7 +156,10 @@ def im2col(xp: Any, xpad: Any, geo: Geometry, out_hw: tuple[int, int], groups: i
     """Fill ``col`` (N, Ho, Wo, G, kh, kw, C/G) with the windows of the padded NHWC map ``xpad``."""
     view = window_view(xp, xpad, geo, out_hw, groups)
     if view is not None:
-        xp.copyto(col, view)
+        if xp is np:  # a plain copy: split over the batch between the cores (neuroflow.backends.cpu_parallel)
+            copyto(col, view)
+        else:
+            xp.copyto(col, view)
         return col
     n, _, _, c = xpad.shape
     for i, j in geo.taps():

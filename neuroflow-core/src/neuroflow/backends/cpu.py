@@ -15,6 +15,37 @@ from neuroflow.backends.base import Backend
 
 _CORENAME_SYMBOLS = ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename64_",
                      "openblas_get_corename")
+_THREADS_SYMBOLS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads", "openblas_get_num_threads64_",
+                    "openblas_get_num_threads")
+
+
+@functools.lru_cache(maxsize=1)
+def _openblas() -> ctypes.CDLL | None:
+    """numpy's OpenBLAS (the handle numpy loaded already), or None for another BLAS."""
+    folder = Path(np.__file__).resolve().parent.parent / "numpy.libs"
+    for path in sorted(folder.glob("*openblas*")) if folder.is_dir() else ():
+        try:
+            return ctypes.CDLL(str(path))
+        except OSError:
+            continue
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _threads_function() -> Callable[[], int] | None:
+    library = _openblas()
+    for symbol in _THREADS_SYMBOLS if library is not None else ():
+        function = getattr(library, symbol, None)
+        if function is not None:
+            function.restype = ctypes.c_int
+            return function  # type: ignore[no-any-return]
+    return None
+
+
+def openblas_threads() -> int | None:
+    """The threads numpy's OpenBLAS uses now (its variables, ``threadpoolctl`` limits), or None for another BLAS."""
+    function = _threads_function()
+    return None if function is None else int(function())
 
 
 @functools.lru_cache(maxsize=1)
@@ -25,18 +56,13 @@ def blas_core() -> str | None:
     by itself) ran a ResNet-18 step in 0.65× the time of the AVX2 ones ("Haswell", which the environment
     variable ``OPENBLAS_CORETYPE=Haswell`` forces). The variable is read when numpy loads OpenBLAS.
     """
-    folder = Path(np.__file__).resolve().parent.parent / "numpy.libs"
-    for path in sorted(folder.glob("*openblas*")) if folder.is_dir() else ():
-        try:
-            library = ctypes.CDLL(str(path))  # numpy loaded it already: this is the same handle
-        except OSError:
-            continue
-        for symbol in _CORENAME_SYMBOLS:
-            corename = getattr(library, symbol, None)
-            if corename is not None:
-                corename.restype = ctypes.c_char_p
-                name = corename()
-                return name.decode() if name else None
+    library = _openblas()
+    for symbol in _CORENAME_SYMBOLS if library is not None else ():
+        corename = getattr(library, symbol, None)
+        if corename is not None:
+            corename.restype = ctypes.c_char_p
+            name = corename()
+            return name.decode() if name else None
     return None
 
 
