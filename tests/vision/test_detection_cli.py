@@ -122,12 +122,85 @@ def test_detector_input_errors_are_clear(trained, tmp_path, capsys):
     (tmp_path / "bad.png").write_bytes(b"no png here")
     assert main(["predict", str(config), "--model", str(model), str(tmp_path / "bad.png")]) == 2
     assert "cannot read" in capsys.readouterr().err
-    pytest.importorskip("matplotlib")
-    import matplotlib.image
+    assert main(["predict", str(config), "--model", str(model), str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
 
-    matplotlib.image.imsave(tmp_path / "odd.png", np.zeros((40, 40)), cmap="gray")
-    assert main(["predict", str(config), "--model", str(model), str(tmp_path / "odd.png")]) != 0
-    assert "40" in capsys.readouterr().err  # H and W must be multiples of 16
+
+def test_predict_letterboxes_a_picture_of_another_size_and_maps_the_boxes_back(trained, tmp_path, capsys):
+    matplotlib_image = pytest.importorskip("matplotlib.image")
+    config, model = trained
+    images, _ = digit_canvases("test", 1, size=48, scales=(16, 24), seed=3)
+    wide = np.concatenate([images[0, 0], images[0, 0]], axis=1)  # 48 x 96: scaled by 0.5, padded below
+    colour = np.stack([wide, wide, wide * 0.5], axis=-1)
+    matplotlib_image.imsave(tmp_path / "wide.png", colour)
+    capsys.readouterr()
+    assert main(["predict", str(config), "--model", str(model), str(tmp_path / "wide.png"), "--conf", "0",
+                 "--out", str(tmp_path / "boxes.png")]) == 0
+    printed = capsys.readouterr().out
+    assert "the picture is 96 x 48 px; the detector takes 48 x 48: scaled by 0.5" in printed
+    boxes = np.array([[float(v) for v in m.groups()] for m in
+                      re.finditer(r"box \(([-0-9.]+), ([-0-9.]+), ([-0-9.]+), ([-0-9.]+)\)", printed)]).reshape(-1, 4)
+    assert len(boxes) and (boxes >= 0).all() and (boxes[:, [0, 2]] <= 96).all() and (boxes[:, [1, 3]] <= 48).all()
+    assert matplotlib_image.imread(tmp_path / "boxes.png").shape[1] > matplotlib_image.imread(
+        tmp_path / "boxes.png").shape[0]  # drawn on the picture as given, not the letterboxed one
+    assert main(["predict", str(config), "--model", str(model), str(tmp_path / "wide.png"), "--conf", "0",
+                 "--no-agnostic"]) == 0
+    per_class = len(re.findall(r"^  class ", capsys.readouterr().out, re.M))
+    assert per_class >= len(boxes)  # class-agnostic NMS (the default) keeps no more boxes than per-class NMS
+
+
+def test_an_int8_model_file_evaluates_like_the_float_one(trained, tmp_path, capsys):
+    """The INT8 path a user takes: nf.save(..., quantize="int8") of the trained detector, neuroflow evaluate on it.
+    (On the example's 1,000 held-out canvases after the full training: 0.9646 float32 and int8; pycocotools
+    0.964611 and 0.964569.)"""
+    import neuroflow as nf
+    from neuroflow.checkpoint import quantization_of
+
+    config, model = trained
+    int8 = tmp_path / "int8.safetensors"
+    nf.save(nf.load(model), int8, quantize="int8")
+    assert int8.stat().st_size < model.stat().st_size / 3
+    assert quantization_of(nf.load(int8)) == "int8"
+    found = []
+    for path in (model, int8):
+        capsys.readouterr()
+        assert main(["evaluate", str(config), "--model", str(path)]) == 0
+        match = re.search(r"^mAP@0\.5 = (-?[0-9.]+)$", capsys.readouterr().out, re.M)
+        assert match is not None
+        found.append(float(match.group(1)))
+    assert abs(found[0] - found[1]) <= 0.01, found
+
+
+def test_evaluate_refuses_a_model_of_other_classes_and_an_unwritable_coco_dir(trained, tmp_path, capsys):
+    import neuroflow as nf
+
+    config, model = trained
+    nf.save(YoloLite(num_classes=12, image_size=48), tmp_path / "twelve.safetensors")
+    assert main(["evaluate", str(config), "--model", str(tmp_path / "twelve.safetensors")]) == 2
+    assert "was built with num_classes = 12, but the config's [model] has num_classes = 10" in capsys.readouterr().err
+    (tmp_path / "a_file").write_text("")
+    assert main(["evaluate", str(config), "--model", str(model), "--coco-json", str(tmp_path / "a_file" / "sub")]) == 2
+    assert "--coco-json: cannot write into" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("changes", "match"), [
+    ({"num_classes = 10": "num_classes = 3\nimage_size = 48"},
+     r"num_classes = 3, but the training boxes have class ids up to 9; set num_classes = 10"),
+    ({"n_train = 8000": "n_train = 8\nsize = 40\nmax_scale = 24"}, r"training images are 40 x 40 px; .*multiples of 16"),
+    ({"n_train = 8000": "n_train = 8\nsize = 48\nmax_scale = 24\nmax_objects = 0"}, r"max_objects must be .*got 0"),
+])
+def test_configs_that_do_not_fit_the_data_are_refused_before_training(tmp_path, changes, match):
+    with pytest.raises(ConfigError, match=match):
+        config = load_config(tiny_config(tmp_path, **changes))
+        config.build_model(config.build_data()[0])
+
+
+def test_mem_profile_plans_the_detector_from_its_config(tmp_path, capsys):
+    config = tiny_config(tmp_path, **{"n_train = 8000": "n_train = 8\nsize = 48\nmax_scale = 24"})
+    assert main(["mem-profile", str(config)]) == 0
+    printed = capsys.readouterr().out
+    assert "samples of shape (1, 48, 48) (from the model's input_shape)" in printed
+    assert re.search(r"predicted peak of a training step: [0-9.]+ MiB", printed)
 
 
 def test_anchors_other_than_kmeans_or_pairs_are_refused(tmp_path):
@@ -138,6 +211,10 @@ def test_anchors_other_than_kmeans_or_pairs_are_refused(tmp_path):
                                          r"targets of shape \(4,\)"):
         anchors_from_data({"anchors": "kmeans"}, ArrayDataset(np.zeros((4, 1, 16, 16), np.float32), np.arange(4)))
     assert anchors_from_data({"anchors": [[1, 2]] * 3}, None) == {"anchors": [[1, 2]] * 3}
+    one_box = np.array([[[1, 0, 0, 10, 20], [-1, 0, 0, 0, 0]]], np.float32)
+    with pytest.raises(ValueError, match=r"'kmeans' over 1 training image\(s\): .*at least k = 3 distinct box "
+                                         r"shapes.*train on more images"):
+        anchors_from_data({"anchors": "kmeans"}, ArrayDataset(np.zeros((1, 1, 16, 16), np.float32), one_box))
 
 
 @pytest.mark.convergence

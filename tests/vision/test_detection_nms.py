@@ -156,3 +156,25 @@ def test_non_max_suppression_refuses_bad_shapes() -> None:
         non_max_suppression(np.zeros((1, 4, 5), np.float32))
     with pytest.raises(ShapeError, match="expected \\(3,\\) each"):
         batched_nms(np.zeros((3, 4)), np.zeros(2), np.zeros(3))
+
+
+def test_agnostic_nms_lets_boxes_of_any_class_suppress_each_other() -> None:
+    # one object scored as two classes (what a picture would show as two boxes): agnostic keeps one box
+    boxes = np.array([[48, 69, 64, 90], [47.8, 69.9, 63, 89], [0, 0, 10, 10]], dtype=np.float32)
+    rows = decoded_rows(boxes, np.array([0.9, 0.9, 0.8]), np.array([[0.47, 0.1], [0.1, 0.46], [0.1, 0.9]]))
+    (per_class,) = non_max_suppression(rows, conf=0.25, multi_label=False)
+    (agnostic,) = non_max_suppression(rows, conf=0.25, multi_label=False, agnostic=True)
+    assert len(per_class) == 3
+    np.testing.assert_allclose(agnostic[:, :4], boxes[[2, 0]])
+    np.testing.assert_array_equal(agnostic[:, 5], [1, 0])  # each kept box keeps its own class
+
+
+def test_agnostic_nms_equals_per_class_nms_of_one_class(rng: np.random.Generator) -> None:
+    boxes = random_boxes(rng, 80, spread=30.0).astype(np.float32)
+    rows = decoded_rows(boxes, rng.random(80), rng.random((80, 4)))
+    (agnostic,) = non_max_suppression(rows, conf=0.01, iou=0.45, agnostic=True, multi_label=False)
+    class_scores = rows[0, :, 4:5] * rows[0, :, 5:]
+    scores, classes = class_scores.max(axis=1), class_scores.argmax(axis=1)
+    keep = [i for i in reference_nms(boxes, scores, np.zeros(80), 0.45) if scores[i] > 0.01]
+    np.testing.assert_allclose(agnostic[:, :4], boxes[keep])
+    np.testing.assert_array_equal(agnostic[:, 5], classes[keep])

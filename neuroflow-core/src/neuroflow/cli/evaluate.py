@@ -40,8 +40,37 @@ def trained_model(config: Config, path: str, device: str | None = None, batch_si
         raise ConfigError(f"--model: file {str(file)!r} not found; train and save one first "
                           "(neuroflow train CONFIG --save FILE)")
     config = config.with_overrides(device=device, batch_size=batch_size)
-    trainer: Trainer = config.build_trainer(load(file, device="cpu"))
+    model = load(file, device="cpu")
+    _check_matches(config, model, file)
+    trainer: Trainer = config.build_trainer(model)
     return trainer
+
+
+def _check_matches(config: Config, model: Any, file: Path) -> None:
+    """Refuse a model file built with other ``[model]`` numbers than the config's (``num_classes = 10`` against a
+    12-class model): its outputs would be read with the wrong layout, or scored against the wrong classes."""
+    for key, wanted in config.model.items():
+        if isinstance(wanted, bool) or not isinstance(wanted, (int, float)):
+            continue
+        built = getattr(model, key, None)
+        if isinstance(built, (int, float)) and not isinstance(built, bool) and built != wanted:
+            raise ConfigError(f"--model: {str(file)!r} was built with {key} = {built:g}, but the config's [model] "
+                              f"has {key} = {wanted:g}; use the config the model was trained with (or a model "
+                              "trained with this one)")
+
+
+def coco_directory(path: str) -> Path:
+    """``--coco-json DIR``, created now (before a long evaluation) and checked writable; ConfigError otherwise."""
+    directory = Path(path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".neuroflow-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"--coco-json: cannot write into {path!r} ({exc.strerror or exc}); give a directory "
+                          "you can write to") from None
+    return directory
 
 
 def _evaluator(loss: Any, coco_json: str | None) -> Evaluator | None:
@@ -57,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     trainer = trained_model(config, args.model, args.device, args.batch_size)
     evaluator = _evaluator(trainer.loss, args.coco_json)
+    directory = None if args.coco_json is None else coco_directory(args.coco_json)
     _, test = config.build_data()
     if test is None:
         raise ConfigError(f"{args.config}: the config's [data] has no held-out split to evaluate on; give "
@@ -65,9 +95,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"evaluated {args.model} on {len(test)} held-out samples")
     for name, value in metrics.items():
         print(f"{name} = {value:.4f}")
-    if args.coco_json is not None and isinstance(evaluator, WritesCocoJson):
-        directory = Path(args.coco_json)
-        directory.mkdir(parents=True, exist_ok=True)
+    if directory is not None and isinstance(evaluator, WritesCocoJson):
         for written in evaluator.write_coco_json(directory):
             print(f"wrote {written}")
     return 0

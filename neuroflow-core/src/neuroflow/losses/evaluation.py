@@ -58,9 +58,10 @@ class WritesCocoJson(Protocol):
 class FindsObjects(Protocol):
     """An evaluator whose model finds objects: boxes with a class and a score."""
 
-    def objects(self, predictions: np.ndarray) -> list[np.ndarray]:
+    def objects(self, predictions: np.ndarray, agnostic: bool = True) -> list[np.ndarray]:
         """The objects in each image of ``Trainer.predict``'s output for a batch (the loss's ``predictions``):
-        one float array (k, 6) per image, rows ``(x1, y1, x2, y2, score, class)`` in pixels, by descending score."""
+        one float array (k, 6) per image, rows ``(x1, y1, x2, y2, score, class)`` in pixels, by descending score.
+        ``agnostic``: one box per object whatever its class (class-agnostic NMS), else per class."""
         ...
 
 

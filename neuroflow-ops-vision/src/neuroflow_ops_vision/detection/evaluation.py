@@ -78,19 +78,23 @@ class DetectionEvaluator:
         """{"mAP@0.5": COCO's AP@0.5 over every image added} (-1.0 when no image had an object)."""
         return {METRIC_NAME: mean_average_precision(self.detections, self.ground_truth, 0.5, self.num_classes)}
 
-    def objects(self, predictions: Any, conf: float | None = None, iou: float = 0.45) -> list[np.ndarray]:
+    def objects(self, predictions: Any, agnostic: bool = True, conf: float | None = None,
+                iou: float = 0.45) -> list[np.ndarray]:
         """The objects in decoded predictions (B, N, 5+C), e.g. ``Trainer.predict``'s output: what ``neuroflow
         predict`` draws.
 
         Per image a float32 (k, 6) array (x1, y1, x2, y2, score, class) by
         descending score, after NMS as YOLOv5 detects (each box's best class
-        only, IoU 0.45). ``conf`` defaults to the evaluation's 0.001, so the
+        only, IoU 0.45); with ``agnostic`` (the default) boxes of every class
+        suppress each other, so one object is one box even when two classes
+        score alike. ``conf`` defaults to the evaluation's 0.001, so the
         caller chooses the lowest score to show: NMS suppresses only from
         higher to lower scores, so filtering afterwards equals NMS at that
         threshold.
         """
         threshold = self.conf if conf is None else conf
-        return non_max_suppression(np.asarray(predictions), threshold, iou, self.max_det, multi_label=False)
+        return non_max_suppression(np.asarray(predictions), threshold, iou, self.max_det, multi_label=False,
+                                   agnostic=agnostic)
 
     def write_coco_json(self, directory: str | Path) -> tuple[Path, Path]:
         """DIRECTORY/ground_truth.json and DIRECTORY/detections.json of everything added."""

@@ -36,7 +36,7 @@ from neuroflow_ops_vision.attention import SqueezeExcite
 from neuroflow_ops_vision.batchnorm import BatchNorm2d
 from neuroflow_ops_vision.concat import ChannelConcat
 from neuroflow_ops_vision.conv import Conv2d
-from neuroflow_ops_vision.detection.model_options import anchors_from_data
+from neuroflow_ops_vision.detection.model_options import yolo_lite_options
 from neuroflow_ops_vision.separable import SeparableConv2d
 from neuroflow_ops_vision.upsample import Upsample
 
@@ -129,6 +129,11 @@ class YoloLite(Sequential):
         self.layers = [self.stage1, self.stage2, self.stage3, self.neck, self.head]
         self._initialise_head(predict)
 
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """One sample's shape (C, H, W), e.g. (1, 96, 96): what ``neuroflow mem-profile`` plans a step for."""
+        return (self.in_channels, self.image_size, self.image_size)
+
     def _initialise_head(self, predict: Conv2d) -> None:
         """YOLOv5's priors on the last biases (Lin et al., focal loss §4.1): each anchor slot starts at an
         objectness of about 8 objects per image over the grid's cells, each class at probability 0.6/(C − 0.99)."""
@@ -167,7 +172,7 @@ class YoloLite(Sequential):
         return f"YoloLite(classes={self.num_classes}, anchors=[{anchors}], stride={self.stride},{inner}\n)"
 
 
-@options_from_data(anchors_from_data)  # [model] anchors = "kmeans" in a config: fitted to the training boxes
+@options_from_data(yolo_lite_options)  # [model] anchors = "kmeans" in a config: fitted to the training boxes
 def yolo_lite(num_classes: int = 10, anchors: Sequence[Sequence[float]] | None = None, image_size: int = 96,
               in_channels: int = 1, width: float = 1.0, dtype: Any = np.float32) -> YoloLite:
     """NeuroFlow-YOLO-lite for (N, ``in_channels``, ``image_size``, ``image_size``) canvases.

@@ -105,7 +105,7 @@ def _candidates(image: np.ndarray, conf: float, multi_label: bool) -> tuple[np.n
 
 
 def non_max_suppression(decoded: Any, conf: float = 0.001, iou: float = 0.6, max_det: int = 300,
-                        multi_label: bool = True) -> list[np.ndarray]:
+                        multi_label: bool = True, agnostic: bool = False) -> list[np.ndarray]:
     """Detections per image from decoded rows (B, N, 5+C): a list of B float32 (k, 6) arrays.
 
     Each detection is (x1, y1, x2, y2, score, class), sorted by descending
@@ -114,7 +114,11 @@ def non_max_suppression(decoded: Any, conf: float = 0.001, iou: float = 0.6, max
     ``multi_label`` (the default, as YOLOv5's evaluation does) a box is a
     candidate for every such class, otherwise only for its best class. Then
     greedy NMS per class at IoU ``iou`` keeps at most ``max_det`` per image.
-    The defaults are the evaluation settings (conf 0.001, IoU 0.6, 300).
+    With ``agnostic`` (YOLOv5's ``--agnostic-nms``) boxes of every class
+    suppress each other, so one object gives one box however its class
+    scores split: what a picture should show; per-class NMS (the default)
+    is what mAP is measured with. The defaults are the evaluation settings
+    (conf 0.001, IoU 0.6, 300, per class).
     ``decoded`` is a host (numpy) array, e.g. what ``boxes.decode`` returns.
 
     Example::
@@ -132,7 +136,7 @@ def non_max_suppression(decoded: Any, conf: float = 0.001, iou: float = 0.6, max
     results = []
     for image in decoded:
         boxes, scores, classes = _candidates(image, conf, multi_label)
-        keep = batched_nms(boxes, scores, classes, iou, max_det)
+        keep = batched_nms(boxes, scores, np.zeros_like(classes) if agnostic else classes, iou, max_det)
         detections = np.empty((keep.size, 6), dtype=np.float32)
         detections[:, :4] = boxes[keep]
         detections[:, 4] = scores[keep]
