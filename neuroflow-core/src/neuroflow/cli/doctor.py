@@ -92,7 +92,8 @@ def _auto_row() -> list[str]:
     if not record:
         return ["auto", "", "not measured yet", f"first use of NEUROFLOW_BACKEND=auto measures and caches in {cache_path()}"]
     timings = ", ".join(f"{k} {v * 1e3:.2f} ms/step" for k, v in record.get("step_seconds", {}).items())
-    failures = "".join(f"; {k} not chosen: {v}" for k, v in record.get("failures", {}).items())
+    # a driver's reason can be a multi-line build log: each reason is one line here, as every row of the table is
+    failures = "".join(f"; {k} not chosen: {' '.join(str(v).split())}" for k, v in record.get("failures", {}).items())
     return ["auto", "", f"-> {record.get('choice')}", f"{timings} (measured {record.get('measured_at', '?')}){failures}"]
 
 
