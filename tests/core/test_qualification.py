@@ -442,9 +442,14 @@ def test_the_children_end_with_their_parent(site: Path, tmp_path: Path, how: str
         assert len(children()) == 2
         sent = time.monotonic()
         user.send_signal(signal.SIGINT if how == "interrupt" else signal.SIGKILL)
-        user.wait(timeout=30)
+        try:  # communicate, not wait: the child's stderr is drained, so a long message cannot block it on a full pipe
+            _, stderr = user.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            user.kill()
+            _, stderr = user.communicate()
+            pytest.fail(f"the process did not end within 30 s of SIGINT; its stderr ends with: {stderr[-3000:]}")
         if how == "interrupt":
-            assert time.monotonic() - sent < 5 and "KeyboardInterrupt" in user.stderr.read()
+            assert time.monotonic() - sent < 5 and "KeyboardInterrupt" in stderr, stderr[-3000:]
         deadline = time.monotonic() + 10
         while children() and time.monotonic() < deadline:
             time.sleep(0.2)
