@@ -89,6 +89,7 @@ def _not_importable(name: str, cls: type) -> str:
 def offered(name: str) -> list[tuple[int, Verdict]]:
     """(raw index, verdict) of every device of backend ``name``, qualifying those not yet qualified, their
     children side by side (an iGPU's and a CPU driver's first compiles then overlap)."""
+    _STOPPING.clear()  # a Ctrl-C of an earlier call does not stop this one
     try:
         count = registry.backends.get(name).device_count()
     except Exception as exc:  # a plugin's enumeration that raises is that backend's failure, named
@@ -159,6 +160,12 @@ def run_child(name: str, index: int, *, time_steps: int = 0, timeout: float | No
                                  start_new_session=True)
         with _LIVE_LOCK:
             _LIVE.add(child)
+            # a worker's child started after a Ctrl-C ended the others (its Popen returned too late for that)
+            late = _STOPPING.is_set() and threading.current_thread() is not threading.main_thread()
+            if late:
+                _INTERRUPTED.add(child)
+        if late:
+            _kill(child)
         try:
             child.wait(timeout=timeout)
             hung = False
@@ -204,6 +211,9 @@ def run_child(name: str, index: int, *, time_steps: int = 0, timeout: float | No
 _LIVE: set[subprocess.Popen[str]] = set()
 _LIVE_LOCK = threading.Lock()
 _INTERRUPTED: set[subprocess.Popen[str]] = set()
+#: Set by a Ctrl-C while devices qualify side by side: a child whose Popen returns after it is ended at once, so
+#: that no worker thread waits out the timeout on it (the interpreter's exit joins those threads).
+_STOPPING = threading.Event()
 #: Characters of a child's words kept in a verdict.
 CLIP = 400
 
@@ -211,6 +221,7 @@ CLIP = 400
 def _interrupt() -> None:
     """Kill every running child; their waiting threads then raise instead of recording a verdict."""
     with _LIVE_LOCK:
+        _STOPPING.set()
         children = list(_LIVE)
         _INTERRUPTED.update(children)
     for child in children:
