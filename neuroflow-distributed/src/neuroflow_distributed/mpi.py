@@ -8,6 +8,7 @@ kept per shape, so a steady-state step allocates nothing.
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,12 @@ from neuroflow_distributed.buckets import GradientBuckets
 from neuroflow_distributed.communicator import INSTALL_MPI, CommunicatorError, check_reduction
 from neuroflow_distributed.launch import launch as launch_workers
 from neuroflow_distributed.sparse import sparse_allreduce_sum
+
+#: Seconds between a rank's last words and its MPI abort. Flushed output is still in the pipe to the launcher's
+#: proxy when the abort kills every rank, and the proxy, killed too, may not forward it: under load a run ended
+#: with no message at all. The pause lets the proxy forward this rank's message, and another rank's, which
+#: is printing its own.
+ABORT_GRACE_S = 0.5
 
 
 class MPIHandle:
@@ -117,6 +124,8 @@ class MPICommunicator:
         if monitor is not None:  # the launcher reads why from the run directory
             monitor.record_abort(code, message)
         print(f"neuroflow: rank {self.rank} of {self.size} aborts the run: {message}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        time.sleep(ABORT_GRACE_S)
         self.world.Abort(int(code))
 
     def close(self) -> None:
