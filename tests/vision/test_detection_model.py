@@ -4,7 +4,6 @@ memory plan, the layout pass, and its PyTorch twin (model and YOLOv5 loss)."""
 from __future__ import annotations
 
 import math
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from neuroflow_ops_vision import BatchNorm2d
 from neuroflow_ops_vision.detection.loss import DetectionLoss
 from neuroflow_ops_vision.detection.model import DEFAULT_ANCHORS, YoloLite, yolo_lite
 
-NUMPY_DATA = tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)
+from .step_memory import measure_steps
 
 
 def tiny(dtype: type = np.float64) -> YoloLite:
@@ -231,22 +230,9 @@ def test_predicted_peak_matches_the_measured_steady_state_peak() -> None:
     model = seeded()
     report = nf.memory.profile(model, x.shape, DetectionLoss.for_model(model), nf.optim.SGD(lr=0.01, momentum=0.9))
     predicted = report.predicted_peak_bytes
-    detection_trainer(batch_size=8).train_step(x, y)  # what the first Trainer of a process loads once, not measured
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        trainer = detection_trainer(batch_size=8)
-        trainer.train_step(x, y)
-        tracemalloc.reset_peak()
-        before = tracemalloc.take_snapshot().filter_traces([NUMPY_DATA])
-        for _ in range(2):
-            trainer.train_step(x, y)
-        peak = tracemalloc.get_traced_memory()[1] - base
-        after = tracemalloc.take_snapshot().filter_traces([NUMPY_DATA])
-    finally:
-        tracemalloc.stop()
-    assert abs(predicted - peak) / peak <= 0.05, (predicted, peak)  # measured: 1.0 % under, batch 8
-    assert [d for d in after.compare_to(before, "lineno") if d.count_diff > 0 and d.size_diff > 256] == []
+    measured = measure_steps(lambda: detection_trainer(batch_size=8), x, y)
+    assert abs(predicted - measured.peak) / measured.peak <= 0.05, (predicted, measured.peak)  # 1.0 % under, batch 8
+    assert measured.grown == []
 
 
 def test_planned_training_matches_unplanned_training_bit_for_bit() -> None:

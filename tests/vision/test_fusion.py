@@ -10,6 +10,8 @@ from neuroflow import ops
 from neuroflow.fusion import ActivationFused, fuse
 from neuroflow_ops_vision import BatchNorm2d, Conv2d, MaxPool2d
 
+from .model_step import forward_backward
+
 
 def pytorch_style(layout: str = "NHWC", seed: int = 0) -> nf.Sequential:
     """Conv → ReLU → MaxPool and Conv → BN → ReLU, as a PyTorch user writes them."""
@@ -25,17 +27,6 @@ def pytorch_style(layout: str = "NHWC", seed: int = 0) -> nf.Sequential:
 def batch(n: int = 6, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     return rng.standard_normal((n, 3, 16, 16)).astype(np.float32), rng.integers(0, 5, n)
-
-
-def forward_backward(model: nf.Operator, x: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
-    loss = nf.losses.CrossEntropy()
-    for p in model.parameters():
-        p.grad = np.zeros_like(p.data)
-    out = model.forward(x)
-    loss.forward(out, y)
-    gx = model.backward(loss.backward())
-    return [out.copy(), gx.copy(), *(p.grad.copy() for p in model.parameters()),
-            *(b.data.copy() for _, b in model.named_buffers())]
 
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])

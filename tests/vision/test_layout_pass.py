@@ -29,6 +29,8 @@ from neuroflow_ops_vision import (
     resnet18,
 )
 
+from .model_step import forward_backward
+
 
 def spec_cnn(width: int = 8) -> nf.Sequential:
     """The spec's small CNN as a PyTorch user writes it (narrower): no layout argument anywhere."""
@@ -77,18 +79,6 @@ def build(make: Callable[[], nf.Operator], dtype: type = np.float32, seed: int =
 def batch(n: int = 4, dtype: type = np.float32, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     return rng.standard_normal((n, 3, 8, 8)).astype(dtype), rng.integers(0, 5, n)
-
-
-def forward_backward(model: nf.Operator, x: np.ndarray, y: np.ndarray) -> list[np.ndarray]:
-    """Output, input gradient, every parameter's gradient and every buffer after one forward/backward."""
-    loss = nf.losses.CrossEntropy()
-    for p in model.parameters():
-        p.grad = np.zeros_like(p.data)
-    out = model.forward(x)
-    loss.forward(out, y)
-    gx = model.backward(loss.backward())
-    return [out.copy(), gx.copy(), *(p.grad.copy() for p in model.parameters()),
-            *(b.data.copy() for _, b in model.named_buffers())]
 
 
 def assert_close(got: list[np.ndarray], want: list[np.ndarray], rtol: float, atol: float = 0.0) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import tracemalloc
-
 import numpy as np
 import pytest
 
@@ -11,7 +9,7 @@ import neuroflow as nf
 from neuroflow.trainer.budget import static_bytes
 from neuroflow_ops_vision import resnet18
 
-NUMPY_DATA = tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)
+from .step_memory import measure_steps
 
 
 def small_resnet() -> nf.Operator:
@@ -42,28 +40,13 @@ def batch(sample: tuple[int, ...], n: int = 8) -> tuple[np.ndarray, np.ndarray]:
 def test_predicted_peak_matches_the_measured_steady_state_peak(make, sample) -> None:
     x, y = batch(sample)
     predicted = nf.memory.profile(make(), x.shape, optimizer=nf.optim.SGD(lr=0.01, momentum=0.9)).predicted_peak_bytes
-    # what the first Trainer of a process loads once (plugin metadata, backends), outside the measurement
-    nf.Trainer(make(), optimizer=nf.optim.SGD(lr=0.01, momentum=0.9), batch_size=len(x), progress=False).train_step(x, y)
-    tracemalloc.start()
-    try:
-        base = tracemalloc.get_traced_memory()[0]
-        trainer = nf.Trainer(make(), optimizer=nf.optim.SGD(lr=0.01, momentum=0.9), batch_size=len(x), progress=False)
-        trainer.train_step(x, y)
-        first_peak = tracemalloc.get_traced_memory()[1] - base
-        tracemalloc.reset_peak()
-        before = tracemalloc.take_snapshot().filter_traces([NUMPY_DATA])
-        for _ in range(2):
-            trainer.train_step(x, y)
-        peak = tracemalloc.get_traced_memory()[1] - base
-        after = tracemalloc.take_snapshot().filter_traces([NUMPY_DATA])
-    finally:
-        tracemalloc.stop()
+    measured = measure_steps(lambda: nf.Trainer(make(), optimizer=nf.optim.SGD(lr=0.01, momentum=0.9),
+                                                batch_size=len(x), progress=False), x, y)
     # The model is built under tracemalloc: its parameters count once (packing them freed the originals).
-    assert abs(predicted - peak) / peak <= 0.05, (predicted, peak)
+    assert abs(predicted - measured.peak) / measured.peak <= 0.05, (predicted, measured.peak)
     # The traced first step reuses memory as the plan will: well under the unshared sum of all buffers.
-    assert first_peak < 1.5 * predicted, (first_peak, predicted)
-    grown = [d for d in after.compare_to(before, "lineno") if d.count_diff > 0 and d.size_diff > 256]
-    assert grown == []
+    assert measured.first_peak < 1.5 * predicted, (measured.first_peak, predicted)
+    assert measured.grown == []
 
 
 @pytest.mark.parametrize(("make", "sample"), CASES)
