@@ -59,10 +59,25 @@ def test_one_rank_under_mpiexec_is_one_process_bit_for_bit(launch, tmp_path):
 
 def test_batchnorm_statistics_stay_per_rank_unless_synchronised(launch, tmp_path):
     apart = train(launch, tmp_path, 2, "--model", "cnnbn", "--steps", "5")
-    synced = train(launch, tmp_path, 2, "--model", "cnnbn", "--steps", "5", "--sync-bn")
-    assert apart["checksum_max"] == apart["checksum_min"]  # the parameters agree either way
+    one = train(launch, tmp_path, None, "--model", "cnnbn", "--steps", "5")
+    assert apart["checksum_max"] == apart["checksum_min"]  # the parameters agree across ranks either way
     assert apart["buffers_max"] != apart["buffers_min"]  # each rank's running statistics are its own rows'
-    assert synced["buffers_max"] == synced["buffers_min"]  # sync_batchnorm: averaged over ranks after each step
+    assert relative(apart["params"], one["params"]) > 1e-3  # and the training is not one process's
+
+
+@pytest.mark.parametrize("args", [
+    ("--optimizer", "sgd"),
+    ("--optimizer", "adamw", "--accumulation", "3"),
+], ids=["sgd", "adamw-accumulation"])
+def test_synchronised_batchnorm_trains_as_one_process_with_the_global_batch(launch, tmp_path, args):
+    one = train(launch, tmp_path, None, "--model", "cnnbn", *args)
+    two = train(launch, tmp_path, 2, "--model", "cnnbn", "--sync-bn", *args)
+    assert int(two["steps"]) == int(one["steps"]) == 50
+    assert relative(two["params"], one["params"]) <= 1e-5
+    assert relative(two["buffers"], one["buffers"]) <= 1e-5  # running statistics of the global batches
+    assert two["buffers_max"] == two["buffers_min"]  # and the same on every rank
+    np.testing.assert_allclose(two["loss"], one["loss"], rtol=1e-7)
+    assert two["checksum_max"] == two["checksum_min"]
 
 
 def test_compressed_gradients_are_summed_and_every_rank_applies_the_same_update(launch, tmp_path):

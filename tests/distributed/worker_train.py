@@ -29,7 +29,7 @@ def build(model: str, dtype: str) -> nf.Sequential:
         conv, pool = vision.get("Conv2d"), vision.get("MaxPool2d")
         net = nf.Sequential(conv(3, 6, 3, padding=1), ops.ReLU(), pool(2), conv(6, 8, 3, padding=1), ops.ReLU(),
                             pool(2), ops.Flatten(), ops.Linear(8 * 2 * 2, 5))
-    else:  # with BatchNorm: per-rank batch statistics, by design not equal to one process's
+    else:  # with BatchNorm: per-rank batch statistics unless --sync-bn (then as one process)
         conv, bn, pool = vision.get("Conv2d"), vision.get("BatchNorm2d"), vision.get("MaxPool2d")
         net = nf.Sequential(conv(3, 6, 3, padding=1), bn(6), ops.ReLU(), pool(4), ops.Flatten(),
                             ops.Linear(6 * 2 * 2, 5))
@@ -84,6 +84,7 @@ def main() -> None:
         np.savez(args.out, params=np.array(flat.data, dtype=np.float64), steps=trainer.step, size=size, rank=rank,
                  loss=np.array([row["loss"] for row in history]), checksum_max=sums[0], checksum_min=lows[0],
                  buffers_max=sums[1], buffers_min=lows[1],
+                 buffers=np.concatenate([np.ravel(t.data) for _, t in model.named_buffers()] or [np.zeros(0)]),
                  eval_loss=metrics["loss"], eval_accuracy=metrics["accuracy"])
 
 

@@ -16,7 +16,7 @@ copy), :attr:`Operator.buffer_pool` for the buffer pool attached, and
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -111,6 +111,13 @@ class Operator:
     #: the one before it (the op commutes with it). See :mod:`neuroflow.fusion`.
     absorbs_activation_after: tuple[str, ...] = ()
     absorbs_activation_before: tuple[str, ...] = ()
+    #: Whether training normalises with statistics of the whole batch (BatchNorm). Such an op sums its
+    #: per-channel partial sums with :attr:`cross_rank_sum` when one is set.
+    normalises_over_batch: bool = False
+    #: Set by a data-parallel run with ``sync_batchnorm=True`` on every op that normalises over the batch:
+    #: a function returning the sum over all ranks of a float64 host vector (each rank passes its own
+    #: rows' partial sums, every rank gets the same total). None: the batch is this process's rows alone.
+    cross_rank_sum: Callable[[np.ndarray], np.ndarray] | None = None
     _parameters: dict[str, Tensor]
     _buffers: dict[str, Tensor]
     _children: dict[str, Operator]

@@ -9,6 +9,13 @@ variance, writes the output in two, and can fuse a following ReLU
 On numpy those passes run split over the leading axis between the cores
 (:mod:`neuroflow.backends.cpu_parallel`), all passes of a block while it is
 in cache; the reductions keep their order.
+
+In a data-parallel run with ``sync_batchnorm=True`` the per-channel sums
+(Σx, Σx², and in backward Σg, Σg·x̂) are summed over the ranks through
+:attr:`~neuroflow.operator.Operator.cross_rank_sum`, one small allreduce each
+way, so every rank normalises with the global batch's statistics and the
+training is that of one process with the global batch (PyTorch's
+``SyncBatchNorm``).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ class BatchNorm2d(Operator):
     """
 
     absorbs_activation_after = ("relu",)
+    normalises_over_batch = True
 
     running_mean: Tensor
     running_var: Tensor
@@ -88,6 +96,8 @@ class BatchNorm2d(Operator):
         self._scale: Any = None
         self._shift: Any = None
         self._batch_stats = True
+        self._count = 0  # the values per channel the batch statistics were taken over (all ranks' when summed)
+        self._summed: Any = None  # the cross_rank_sum the last training forward used, for its backward
 
     # ------------------------------------------------------------------ views
     def _view(self, a: Any) -> Any:
@@ -122,10 +132,12 @@ class BatchNorm2d(Operator):
         y = self.buffer("y", x.shape, x.dtype) if out is None else out
         y2 = self._view(y)
         batch_stats = self.training or not self.track_running_stats
+        # only a training forward joins the other ranks: predict and evaluate run on one rank's own
+        self._summed = self.cross_rank_sum if self.training else None
         if batch_stats:
-            if count < 2:
+            if self._summed is None and count < 2:
                 raise ShapeError(f"{self!r} got input of shape {tuple(x.shape)}: training needs more than one value per channel")
-            mean, var = self._batch_statistics(x2, y2, count)
+            mean, var, count = self._batch_statistics(x2, y2, count)
             if self.training and self.track_running_stats:
                 self._update_running(mean, var, count)
         else:
@@ -135,7 +147,7 @@ class BatchNorm2d(Operator):
         shift = (self.bias.data if self.affine else 0.0) - mean * scale
         self._scale, self._shift = scale.astype(x.dtype, copy=False), shift.astype(x.dtype, copy=False)
         self.save_input(x)
-        self._mean, self._invstd, self._batch_stats = mean, invstd, batch_stats
+        self._mean, self._invstd, self._batch_stats, self._count = mean, invstd, batch_stats, count
         self.recompute(y)
         return y
 
@@ -159,20 +171,46 @@ class BatchNorm2d(Operator):
         self._y = out if self.activation else None
         return out
 
-    def _batch_statistics(self, x2: Any, spare: Any, count: int) -> tuple[Any, Any]:
-        """Per-channel mean and biased variance: one pass for Σx and one for Σx² over ``x2``.
+    def _batch_statistics(self, x2: Any, spare: Any, count: int) -> tuple[Any, Any, int]:
+        """Per-channel mean and biased variance, and the values per channel they are over: one pass for Σx and
+        one for Σx² over ``x2`` (summed over the ranks when synchronised).
 
         var = E[x²] − mean² loses digits when the mean dwarfs the spread; channels
         where it does get the two-pass variance of the centred values (written
-        into ``spare``, an array of ``x2``'s shape).
+        into ``spare``, an array of ``x2``'s shape). The ranks decide that on the
+        same global values, so they all take the second pass or none does.
         """
         xp = self.xp
-        mean = self._sum(x2) / count
-        var = self._dot(x2, x2) / count - mean * mean
+        total, squares = self._sum(x2), self._dot(x2, x2)
+        if self._summed is not None:
+            total, squares, count = self._sum_over_ranks(count, total, squares)
+            if count < 2:
+                raise ShapeError(f"{self!r}: training needs more than one value per channel over all ranks; "
+                                 f"got {count}")
+        mean = total / count
+        var = squares / count - mean * mean
         if bool(xp.any(var <= 1e-2 * mean * mean)):
             xp.subtract(x2, self._per_channel(mean), out=spare)
-            var = self._dot(spare, spare) / count
-        return mean, var
+            centred = self._dot(spare, spare)
+            if self._summed is not None:
+                centred = self._sum_over_ranks(0, centred)[0]
+            var = centred / count
+        return mean, var, count
+
+    def _sum_over_ranks(self, count: int, *sums: Any) -> tuple[Any, ...]:
+        """Per-channel ``sums`` and ``count`` summed over the ranks (:attr:`cross_rank_sum`), as this op's arrays,
+        and the total count last: one float64 vector, one allreduce."""
+        backend, c = self.backend, self.num_features
+        local = np.empty(len(sums) * c + 1)
+        for i, part in enumerate(sums):
+            local[i * c:(i + 1) * c] = backend.to_host(part)
+        local[-1] = count
+        summed = np.asarray(self._summed(local), dtype=np.float64)
+        if summed.shape != local.shape:
+            raise ShapeError(f"{self!r}: cross_rank_sum returned shape {summed.shape} for {local.shape}")
+        dtype = sums[0].dtype
+        parts = [backend.from_host(summed[i * c:(i + 1) * c].astype(dtype)) for i in range(len(sums))]
+        return (*parts, int(round(summed[-1])))
 
     def _update_running(self, mean: Any, var: Any, count: int) -> None:
         self.num_batches_tracked += 1
@@ -202,12 +240,14 @@ class BatchNorm2d(Operator):
 
                 self._passes(g, masked, 4)
             g2, x2 = self._view(g), self._view(x)
-            count = x.size // self.num_features
+            count = self._count if batch_stats else x.size // self.num_features
             gbeta = self._sum(g2)
             gxhat_sum = (self._dot(g2, x2) - mean * gbeta) * invstd  # Σ g·x̂ per channel
-            if self.affine:
+            if self.affine:  # this rank's rows' share: the gradient exchange sums the ranks' shares
                 self.accumulate_grad(self.weight, gxhat_sum.astype(x.dtype, copy=False))
                 self.accumulate_grad(self.bias, gbeta.astype(x.dtype, copy=False))
+            if batch_stats and self._summed is not None:  # every rank's rows moved the statistics: their sums
+                gbeta, gxhat_sum, _ = self._sum_over_ranks(0, gbeta, gxhat_sum)
             gamma = self.weight.data if self.affine else 1.0
             a = gamma * invstd
             gx = self.buffer("gx", x.shape, x.dtype)

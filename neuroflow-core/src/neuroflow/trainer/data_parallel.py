@@ -17,7 +17,12 @@ batch B:
   its backward returns), and waited for before clipping and the optimizer,
   which then run the same update on the same values on every rank. With
   gradient compression each rank compresses its own gradient after backward
-  and only the entries kept are exchanged.
+  and only the entries kept are exchanged;
+* with ``sync_batchnorm``, every op that normalises over the batch
+  (:attr:`~neuroflow.operator.Operator.normalises_over_batch`: BatchNorm)
+  sums its per-channel statistics over the ranks in forward and backward
+  (:attr:`~neuroflow.operator.Operator.cross_rank_sum`), so it normalises
+  with the global batch's statistics as one process would.
 
 Only rank 0 prints and writes files (:attr:`is_root`); every rank takes part
 in every collective, so a rank may not skip a step: a fault on one ends the
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -112,6 +118,7 @@ class DataParallel:
         #: on at the end of each step, so that every rank stops after the same one
         self.stop: Any = None
         self._hooked: list[Operator] = []
+        self._synchronised: list[Operator] = []  # the ops given cross_rank_sum (sync_batchnorm)
         #: where the last step's gradient exchange spent its time (None before the first data-parallel step)
         self.timing: StepTiming | None = None
         self._arrived = self._reduced = 0.0  # when this rank reached the gradient wait, and left it
@@ -156,6 +163,8 @@ class DataParallel:
         self.reducer = comm.gradient_buckets(flat.grad, flat.slices, self.bucket_bytes)
         if not compressing:  # a compressed gradient exists only once backward is over: nothing to send before
             self._announce_final_gradients(model, flat)
+        if self.sync_batchnorm and self.size > 1:
+            self._synchronise_batch_statistics(model)
 
     def global_rows(self, rows: int) -> int:
         """The rows of this step's global batch: the sum of every rank's ``rows`` (each loss is scaled by it).
@@ -210,18 +219,8 @@ class DataParallel:
         return loss_sum, correct
 
     def after_step(self, model: Operator, step: int) -> None:
-        """After the update: the ranks' parameters compared (``debug``), and with ``sync_batchnorm`` every
-        floating-point buffer (BatchNorm's running mean and variance) averaged over the ranks.
-
-        That is all ``sync_batchnorm`` does: in training each rank still normalises its rows with their own
-        batch statistics (the forward pass is not synchronised); what eval mode uses is the same everywhere.
-        """
-        if self.sync_batchnorm and self.size > 1:
-            for _, tensor in model.named_buffers():
-                data = tensor.data
-                if data.dtype.kind == "f":
-                    self.communicator.allreduce_sum(data)
-                    data *= data.dtype.type(1.0 / self.size)
+        """After the update: the ranks' parameters compared (``debug``). (With ``sync_batchnorm`` the running
+        statistics need nothing here: every rank updated them from the same global batch statistics.)"""
         if self.debug and self.flat is not None:
             self.check_identical(step)
 
@@ -285,17 +284,48 @@ class DataParallel:
             self.communicator.abort(1, f"{type(error).__name__}: {error}")
             raise
 
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        """Inside, the ops that normalise over the batch use this rank's rows only: for a forward that the
+        other ranks do not run (looking for the layer that made one rank's loss non-finite)."""
+        synchronised = self._synchronised
+        for module in synchronised:
+            vars(module).pop("cross_rank_sum", None)
+        try:
+            yield
+        finally:
+            for module in synchronised:
+                module.cross_rank_sum = self._sum_statistics
+
     def release(self) -> None:
         """Undo :meth:`prepare`'s notifications (before the model is packed anew, or when the trainer is done)."""
         for module in self._hooked:
             vars(module).pop("backward", None)
+        for module in self._synchronised:
+            vars(module).pop("cross_rank_sum", None)
         self._hooked = []
+        self._synchronised = []
         self.flat = self.reducer = None
         self.announcing = False
 
     def close(self) -> None:
         self.release()
         self.communicator.close()
+
+    # ------------------------------------------------------------------ synchronised batch statistics
+    def _synchronise_batch_statistics(self, model: Operator) -> None:
+        """Give every op of ``model`` that normalises over the batch the sum over ranks (``sync_batchnorm``)."""
+        self._synchronised = [m for m in model.modules() if m.normalises_over_batch]
+        if not self._synchronised:
+            warnings.warn(f"sync_batchnorm=True, but no op of {type(model).__name__} normalises over the batch "
+                          f"(BatchNorm): nothing to synchronise", stacklevel=2)
+        for module in self._synchronised:
+            module.cross_rank_sum = self._sum_statistics
+
+    def _sum_statistics(self, partial: np.ndarray) -> np.ndarray:
+        """``partial`` (one op's per-channel sums on this rank) summed over the ranks."""
+        return np.asarray(self.communicator.allreduce_scalars(
+            partial.tolist(), what="BatchNorm's batch statistics (sync_batchnorm)"), dtype=np.float64)
 
     # ------------------------------------------------------------------ when a gradient is final
     def _announce_final_gradients(self, model: Operator, flat: FlatParameters) -> None:

@@ -60,7 +60,7 @@ class TrainerOptions:
     distributed: str | None = _setting(None)
     #: the gradient buckets allreduced during backward, in MiB (default: neuroflow.trainer.data_parallel's)
     bucket_mb: float | None = _setting(None)
-    #: average BatchNorm's running statistics (not its batch statistics) over the ranks after each step
+    #: BatchNorm's batch statistics over every rank's rows (PyTorch's SyncBatchNorm); False: each rank's own
     sync_batchnorm: bool = _setting(False)
 
     def __post_init__(self) -> None:

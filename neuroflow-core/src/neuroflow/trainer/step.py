@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -146,8 +147,10 @@ class OptimisationStep:
         if not layers:
             return None
         h = x
-        for i, layer in enumerate(layers):
-            h = layer.forward(h)
-            if not bool(xp.isfinite(h).all()):
-                return f"{i} ({layer!r})"
+        # the other ranks do not run this forward: no op may wait for their statistics
+        with contextlib.nullcontext() if self.parallel is None else self.parallel.alone():
+            for i, layer in enumerate(layers):
+                h = layer.forward(h)
+                if not bool(xp.isfinite(h).all()):
+                    return f"{i} ({layer!r})"
         return None
