@@ -111,12 +111,9 @@ class Operator:
     #: the one before it (the op commutes with it). See :mod:`neuroflow.fusion`.
     absorbs_activation_after: tuple[str, ...] = ()
     absorbs_activation_before: tuple[str, ...] = ()
-    #: Whether training normalises with statistics of the whole batch (BatchNorm). Such an op sums its
-    #: per-channel partial sums with :attr:`cross_rank_sum` when one is set.
+    #: Set by ops that train with statistics of the whole batch (BatchNorm); a data-parallel run with
+    #: ``sync_batchnorm`` then gives them ``cross_rank_sum``: the sum over all ranks of a float64 host vector.
     normalises_over_batch: bool = False
-    #: Set by a data-parallel run with ``sync_batchnorm=True`` on every op that normalises over the batch:
-    #: a function returning the sum over all ranks of a float64 host vector (each rank passes its own
-    #: rows' partial sums, every rank gets the same total). None: the batch is this process's rows alone.
     cross_rank_sum: Callable[[np.ndarray], np.ndarray] | None = None
     _parameters: dict[str, Tensor]
     _buffers: dict[str, Tensor]
@@ -184,11 +181,8 @@ class Operator:
         return self.memory_declaration(input_shape).output
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
-        """What a call caches for backward and needs as workspace.
-
-        The default (for ops that do not declare) says: output of the input's
-        shape, the input cached. Ops override it to tell the planner the truth.
-        """
+        """What a call caches for backward and needs as workspace. This default (for ops that do not declare)
+        says: output of the input's shape, the input cached. Ops override it to tell the planner the truth."""
         return MemoryDeclaration(input_shape, cached=[input_shape])
 
     # ----------------------------------------------------------------- tree walking
