@@ -22,7 +22,6 @@ import functools
 import importlib.util
 import json
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,38 +115,19 @@ def stepper(case: Case, name: str) -> Callable[[], float]:
     return neuroflow_stepper(case, variant)
 
 
-def check_agreement(losses: dict[str, list[float]]) -> None:
-    """Raise unless the first loss of every contender agrees: same data, same weights, same model."""
-    reference_name, reference = next(iter(losses.items()))
-    for name, values in losses.items():
-        if abs(values[0] - reference[0]) > 1e-3 * max(1.0, abs(reference[0])):
-            raise RuntimeError(f"{name} first loss {values[0]:.6f}, {reference_name} {reference[0]:.6f}: "
-                               "the contenders do not compute the same step")
-
-
 # ---------------------------------------------------------------------------------------------- one process
 def one_process_child(case: Case, args: argparse.Namespace) -> None:
     """Every contender in this process (started with the thread variables set), timed interleaved; one JSON line."""
     steppers = {name: stepper(case, name) for name in args.contender_names}
-    threads = harness.limit_threads(args.one_process_child)
-    pause = harness.pause_for(args.one_process_child, args.pause)
-    result = harness.run_interleaved(steppers, args.repeats, args.steps, args.warmup, pause, check_agreement)
-    torch = sys.modules.get("torch")
-    print(json.dumps({**result, "thread_report": threads, "numpy": np.__version__,
-                      "torch": str(torch.__version__) if torch is not None else None}), flush=True)
+    results, threads = harness.measure_in_child({"step": steppers}, args, harness.first_values_agree)
+    harness.print_child_line(results["step"], threads)
 
 
 # ---------------------------------------------------------------------------------------------- separate processes
 def worker(case: Case, args: argparse.Namespace) -> None:
     """One contender alone in this process: RSS through its first steps, then timed blocks on request."""
     name, threads = args.contender, args.threads_child
-    info: dict[str, Any] = {"contender": name, "threads": threads, "numpy": np.__version__}
-    if name == TORCH:
-        import torch
-
-        torch.set_num_threads(threads)
-        info["torch"], info["torch_threads"] = str(torch.__version__), torch.get_num_threads()
-    harness.start_worker(stepper(case, name), args.warmup, info)
+    harness.start_worker(stepper(case, name), args.warmup, harness.worker_info(name, threads, name == TORCH))
 
 
 def measure_separately(case: Case, script: str, threads: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -158,7 +138,7 @@ def measure_separately(case: Case, script: str, threads: int, args: argparse.Nam
                 [script, "--child", "--contender", name, "--threads-child", str(threads), "--warmup", str(args.warmup)],
                 env=harness.thread_env(threads),
             )
-        check_agreement({name: w.info["first_losses"] for name, w in workers.items()})
+        harness.first_values_agree({name: w.info["first_losses"] for name, w in workers.items()})
         samples = harness.interleave(
             {name: functools.partial(w.run, args.steps) for name, w in workers.items()}, args.repeats,
             harness.pause_for(threads, args.pause),

@@ -140,15 +140,6 @@ def stepper(name: str, key: str) -> Callable[[], float]:
     return step
 
 
-def check_agreement(values: dict[str, list[float]]) -> None:
-    """Raise unless the contenders' first values (losses, or output checksums) agree."""
-    reference_name, reference = next(iter(values.items()))
-    for name, got in values.items():
-        if abs(got[0] - reference[0]) > 1e-3 * max(1.0, abs(reference[0])):
-            raise RuntimeError(f"{name} first value {got[0]:.6f}, {reference_name} {reference[0]:.6f}: "
-                               "the contenders do not compute the same thing")
-
-
 def contenders() -> list[str]:
     return [MAIN, TORCH] if importlib.util.find_spec("torch") is not None else [MAIN]
 
@@ -157,25 +148,15 @@ def contenders() -> list[str]:
 def one_process_child(args: argparse.Namespace) -> None:
     """Every measurement's contenders in this process, timed interleaved; one JSON line."""
     steppers = {key: {name: stepper(name, key) for name in contenders()} for key in args.measurements}
-    threads = harness.limit_threads(args.one_process_child)
-    pause = harness.pause_for(args.one_process_child, args.pause)
-    results = {key: harness.run_interleaved(steppers[key], args.repeats, args.steps, args.warmup, pause, check_agreement)
-               for key in args.measurements}
-    torch = sys.modules.get("torch")
-    print(json.dumps({"measurements": results, "thread_report": threads, "numpy": np.__version__,
-                      "torch": str(torch.__version__) if torch is not None else None}), flush=True)
+    results, threads = harness.measure_in_child(steppers, args, functools.partial(harness.first_values_agree,
+                                                                                 what="first value"))
+    harness.print_child_line({"measurements": results}, threads)
 
 
 def worker(args: argparse.Namespace) -> None:
     """One contender's training step alone in this process: RSS through its first steps, then timed blocks."""
     name, threads = args.contender, args.threads_child
-    info: dict[str, Any] = {"contender": name, "threads": threads, "numpy": np.__version__}
-    if name == TORCH:
-        import torch
-
-        torch.set_num_threads(threads)
-        info["torch"], info["torch_threads"] = str(torch.__version__), torch.get_num_threads()
-    harness.start_worker(stepper(name, "train"), args.warmup, info)
+    harness.start_worker(stepper(name, "train"), args.warmup, harness.worker_info(name, threads, name == TORCH))
 
 
 def measure_separately(script: str, threads: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -184,7 +165,7 @@ def measure_separately(script: str, threads: int, args: argparse.Namespace) -> d
         for name in contenders():
             workers[name] = harness.Worker([script, "--child", "--contender", name, "--threads-child", str(threads),
                                             "--warmup", str(args.warmup)], env=harness.thread_env(threads))
-        check_agreement({name: w.info["first_losses"] for name, w in workers.items()})
+        harness.first_values_agree({name: w.info["first_losses"] for name, w in workers.items()})
         samples = harness.interleave({name: functools.partial(w.run, args.steps) for name, w in workers.items()},
                                      args.repeats, harness.pause_for(threads, args.pause))
     finally:

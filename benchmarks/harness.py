@@ -266,6 +266,50 @@ def run_interleaved(steppers: dict[str, Callable[[], float]], repeats: int, step
     return {"first_losses": first_losses, "pause_s": pause, "samples_s": interleave(blocks, repeats, pause)}
 
 
+def first_values_agree(values: dict[str, list[float]], what: str = "first loss") -> None:
+    """Raise unless every contender's first value (a loss, or an output's checksum) agrees with the first
+    contender's to 1e-3 (relative, above 1): otherwise they do not compute the same thing."""
+    reference_name, reference = next(iter(values.items()))
+    for name, got in values.items():
+        if abs(got[0] - reference[0]) > 1e-3 * max(1.0, abs(reference[0])):
+            raise RuntimeError(f"{name} {what} {got[0]:.6f}, {reference_name} {reference[0]:.6f}: "
+                               "the contenders do not compute the same thing")
+
+
+def measure_in_child(groups: dict[str, dict[str, Callable[[], float]]], args: Any,
+                     check: Callable[[dict[str, list[float]]], None]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """In the one-process child of :func:`one_process_run`: each group of contenders' steppers timed interleaved
+    (:func:`run_interleaved`, with ``args``' repeats, steps, warmup and pause) at the child's thread count
+    (``args.one_process_child``). Returns the results by group and the thread report."""
+    threads = limit_threads(args.one_process_child)
+    pause = pause_for(args.one_process_child, args.pause)
+    return {key: run_interleaved(steppers, args.repeats, args.steps, args.warmup, pause, check)
+            for key, steppers in groups.items()}, threads
+
+
+def print_child_line(payload: dict[str, Any], threads: dict[str, Any]) -> None:
+    """The one-process child's last line, which :func:`one_process_run` reads: ``payload``, the thread report
+    and the library versions, as JSON."""
+    print(json.dumps({**payload, "thread_report": threads, **library_versions()}), flush=True)
+
+
+def library_versions() -> dict[str, str | None]:
+    """The numpy and torch versions of this process (None for one not loaded)."""
+    return {name: (str(sys.modules[name].__version__) if name in sys.modules else None) for name in ("numpy", "torch")}
+
+
+def worker_info(name: str, threads: int, torch_contender: bool, **extra: Any) -> dict[str, Any]:
+    """What a one-contender worker reports about itself; for a PyTorch contender torch's intra-op threads are
+    set to ``threads`` first (torch then loaded)."""
+    info: dict[str, Any] = {"contender": name, "threads": threads, **extra}
+    if torch_contender:
+        import torch  # lazy: only a PyTorch worker loads it
+
+        torch.set_num_threads(threads)
+        info["torch_threads"] = torch.get_num_threads()
+    return {**info, **library_versions()}
+
+
 def pause_for(threads: int, pause: float | None) -> float:
     """The idle time before each block: ``pause`` if given, else :data:`SPIN_PAUSE_S` above one thread, 0 at one."""
     if pause is not None:

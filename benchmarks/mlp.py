@@ -256,12 +256,8 @@ def check_agreement(losses: dict[str, list[float]]) -> None:
 def one_process_child(args: argparse.Namespace) -> None:
     """Every contender in this process (started with the thread variables set), timed interleaved; one JSON line."""
     steppers = {name: stepper(name, args.batch) for name in args.contender_names}
-    threads = harness.limit_threads(args.one_process_child)
-    pause = harness.pause_for(args.one_process_child, args.pause)
-    result = harness.run_interleaved(steppers, args.repeats, args.steps, args.warmup, pause, check_agreement)
-    torch = sys.modules.get("torch")
-    print(json.dumps({**result, "thread_report": threads, "numpy": np.__version__,
-                      "torch": str(torch.__version__) if torch is not None else None}), flush=True)
+    results, threads = harness.measure_in_child({"step": steppers}, args, check_agreement)
+    harness.print_child_line(results["step"], threads)
 
 
 # ---------------------------------------------------------------------------------------------- separate processes
@@ -272,12 +268,7 @@ def worker(args: argparse.Namespace) -> None:
     allocates gradients, optimizer state and activations) and as the peak of every later untimed step.
     """
     name, batch, threads = args.contender, args.batch, args.threads_child
-    info: dict[str, Any] = {"contender": name, "batch": batch, "threads": threads, "numpy": np.__version__}
-    if CONTENDERS[name][0] == "PyTorch":
-        import torch
-
-        torch.set_num_threads(threads)
-        info["torch"], info["torch_threads"] = str(torch.__version__), torch.get_num_threads()
+    info = harness.worker_info(name, threads, CONTENDERS[name][0] == "PyTorch", batch=batch)
     harness.start_worker(stepper(name, batch), args.warmup, info)
 
 
