@@ -197,8 +197,9 @@ def for_chunks(n: int, body: Callable[[int, int], None], work: int, count: int |
     one thread, or a call from a pool worker: ``body(0, n)`` inline. The
     first exception a chunk raised is raised here, after every chunk ended.
     """
-    parts = min(threads() if count is None else count, n)
-    if parts <= 1 or work < MIN_PARALLEL or getattr(_local, "in_worker", False):
+    # small work first: it is most calls, and asking how many threads costs two system calls
+    parts = 1 if work < MIN_PARALLEL or n <= 1 else min(threads() if count is None else count, n)
+    if parts <= 1 or getattr(_local, "in_worker", False):
         if n > 0:
             body(0, n)
         return
@@ -237,8 +238,8 @@ def ufunc(fn: Any, *args: Any, out: Any) -> Any:
     bit, to the single call for the exact IEEE operations (add, subtract,
     multiply, divide, maximum, minimum, comparisons, sqrt).
     """
-    if not isinstance(out, np.ndarray) or out.ndim == 0:
-        return fn(*args, out=out)
+    if not isinstance(out, np.ndarray) or out.ndim == 0 or out.size * (1 + len(args)) < MIN_PARALLEL:
+        return fn(*args, out=out)  # a scalar, or work too small to split: one call
     n = out.shape[0]
     if any(isinstance(a, np.ndarray) and a.ndim == out.ndim and a.shape[0] not in (1, n) for a in args):
         return fn(*args, out=out)  # a shape numpy will refuse: let it say so
