@@ -53,6 +53,15 @@ def _long_rows(xp: Any, m: int, geo: Geometry) -> bool:
     return xp is np and m == 1 and geo.stride[1] == 1
 
 
+def _tiled(ws: Workspace, w4: Any, geo: Geometry, wo: int) -> Any:
+    """(taps, wo·C): row k is tap k's weights (C,) repeated ``wo`` times; its first w·C entries serve a tap that
+    covers w output columns. One copy into a workspace, for a weight that may change between calls."""
+    c, (kh, kw) = w4.shape[0], geo.kernel
+    tiled = ws("depthwise.tiled_weights", (kh * kw, wo * c), w4.dtype)
+    np.copyto(tiled.reshape(kh * kw, wo, c), w4[:, 0].reshape(c, kh * kw).T[:, None, :])
+    return tiled
+
+
 def forward(ws: Workspace, x: Any, w4: Any, y: Any, geo: Geometry) -> None:
     """y (N, Ho, Wo, C·m) = depthwise conv of x (N, H, W, C) with w4 (C, m, kh, kw)."""
     xp = ws.xp
@@ -66,7 +75,7 @@ def forward(ws: Workspace, x: Any, w4: Any, y: Any, geo: Geometry) -> None:
     weights = [w4[:, 0, i, j] if m == 1 else w4[:, :, i, j] for i, j in taps]
     long_rows = _long_rows(xp, m, geo)
     if long_rows:
-        weights = [np.tile(w, wo) for w in weights]
+        weights = list(_tiled(ws, w4, geo, wo))
 
     def run(lo: int, hi: int) -> None:
         for k, (i, j) in enumerate(taps):
@@ -108,11 +117,18 @@ def backward(ws: Workspace, x: Any, grad: Any, w4: Any, gw4: Any | None, gx: Any
     if gx is None:
         return
     t = ws("depthwise.gtap", x.shape[:1] + (ho, wo, c), grad.dtype)
-    clips = [(clip, w4[:, 0, i, j] if m == 1 else w4[:, :, i, j]) for i, j in geo.taps()
-             if (clip := geo.clipped(i, j, (x.shape[1], x.shape[2]), (ho, wo))) is not None]
     long_rows = _long_rows(xp, m, geo)
-    if long_rows:  # each clipped tap's weights tiled over its output columns
-        clips = [(clip, np.tile(weight, clip[1].stop - clip[1].start)) for clip, weight in clips]
+    tiled = _tiled(ws, w4, geo, wo) if long_rows else None
+    clips = []
+    for k, (i, j) in enumerate(geo.taps()):
+        clip = geo.clipped(i, j, (x.shape[1], x.shape[2]), (ho, wo))
+        if clip is None:
+            continue
+        if tiled is not None:  # the tap's weights tiled over the output columns it covers
+            weight = tiled[k, :(clip[1].stop - clip[1].start) * c]
+        else:
+            weight = w4[:, 0, i, j] if m == 1 else w4[:, :, i, j]
+        clips.append((clip, weight))
 
     def run(lo: int, hi: int) -> None:
         gx[lo:hi] = 0
