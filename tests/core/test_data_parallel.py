@@ -268,3 +268,64 @@ def test_train_step_on_the_global_batch_needs_one_scalar_sum_a_step_and_a_sharde
         assert sums == ["the rows of the step's global batch", "the step's loss sum and stop flag"] * 4
     finally:
         registry.communicators.unregister("mirrored")
+
+
+# ---------------------------------------------------------------------------------------------- sync_batchnorm
+@pytest.fixture
+def mirrored():
+    made = []
+
+    def factory():
+        made.append(Mirrored())
+        return made[-1]
+
+    registry.communicators.register("mirrored", factory)
+    yield made
+    registry.communicators.unregister("mirrored")
+
+
+def _cnn_with_batchnorm():
+    nf.manual_seed(0)
+    vision = registry.ops
+    return nf.Sequential(vision.get("Conv2d")(2, 4, 3, padding=1), vision.get("BatchNorm2d")(4), ops.ReLU(),
+                         ops.Flatten(), ops.Linear(4 * 5 * 5, 3))
+
+
+STATISTICS = "BatchNorm's batch statistics (sync_batchnorm)"
+
+
+def test_sync_batchnorm_sums_each_batchnorm_s_statistics_over_the_ranks_in_forward_and_backward(mirrored):
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 2, 5, 5)).astype(np.float32), rng.integers(0, 3, 8)
+    model = _cnn_with_batchnorm()
+    trainer = nf.Trainer(model, batch_size=8, progress=False, seed=0, distributed="mirrored", sync_batchnorm=True)
+    trainer.train_step(x, y)
+    log = mirrored[0].log
+    assert log.count(STATISTICS) == 2  # one sum in forward, one in backward
+    bn = next(m for m in model.modules() if m.normalises_over_batch)
+    assert bn.cross_rank_sum is not None
+    with trainer.parallel.alone():  # a forward the other ranks do not run asks them nothing
+        assert bn.cross_rank_sum is None
+        model.forward(trainer.backend.from_host(x[:4]))
+    assert bn.cross_rank_sum is not None and log.count(STATISTICS) == 2
+    trainer.parallel.release()
+    assert bn.cross_rank_sum is None
+
+
+def test_sync_batchnorm_off_or_eval_asks_the_other_ranks_nothing(mirrored):
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((8, 2, 5, 5)).astype(np.float32), rng.integers(0, 3, 8)
+    trainer = nf.Trainer(_cnn_with_batchnorm(), batch_size=8, progress=False, seed=0, distributed="mirrored")
+    trainer.train_step(x, y)
+    synced = nf.Trainer(_cnn_with_batchnorm(), batch_size=8, progress=False, seed=0, distributed="mirrored",
+                        sync_batchnorm=True)
+    synced.train_step(x, y)
+    synced.predict(x)  # eval mode: the running statistics, on this rank alone
+    assert STATISTICS not in mirrored[0].log and mirrored[1].log.count(STATISTICS) == 2
+
+
+def test_sync_batchnorm_on_a_model_without_batchnorm_says_there_is_nothing_to_synchronise(mirrored):
+    x, y = _blobs(8)
+    trainer = nf.Trainer(_mlp(), batch_size=8, progress=False, seed=0, distributed="mirrored", sync_batchnorm=True)
+    with pytest.warns(UserWarning, match="no op of Sequential normalises over the batch"):
+        trainer.train_step(x, y)
