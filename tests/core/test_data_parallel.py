@@ -157,17 +157,22 @@ class OneRank:
         pass
 
 
-@pytest.fixture
-def one_rank():
+def _registered(name, communicator):
+    """Register ``communicator`` (a class) as communicator ``name`` for one test; yield the instances it made."""
     made = []
 
     def factory():
-        made.append(OneRank())
+        made.append(communicator())
         return made[-1]
 
-    registry.communicators.register("one-rank", factory)
+    registry.communicators.register(name, factory)
     yield made
-    registry.communicators.unregister("one-rank")
+    registry.communicators.unregister(name)
+
+
+@pytest.fixture
+def one_rank():
+    yield from _registered("one-rank", OneRank)
 
 
 def test_each_parameter_is_announced_once_as_its_op_finishes_backward_on_the_last_micro_batch(one_rank):
@@ -273,15 +278,7 @@ def test_train_step_on_the_global_batch_needs_one_scalar_sum_a_step_and_a_sharde
 # ---------------------------------------------------------------------------------------------- sync_batchnorm
 @pytest.fixture
 def mirrored():
-    made = []
-
-    def factory():
-        made.append(Mirrored())
-        return made[-1]
-
-    registry.communicators.register("mirrored", factory)
-    yield made
-    registry.communicators.unregister("mirrored")
+    yield from _registered("mirrored", Mirrored)
 
 
 def _cnn_with_batchnorm():

@@ -135,9 +135,7 @@ class BatchNorm2d(Operator):
         # only a training forward joins the other ranks: predict and evaluate run on one rank's own
         self._summed = self.cross_rank_sum if self.training else None
         if batch_stats:
-            if self._summed is None and count < 2:
-                raise ShapeError(f"{self!r} got input of shape {tuple(x.shape)}: training needs more than one value per channel")
-            mean, var, count = self._batch_statistics(x2, y2, count)
+            mean, var, count = self._batch_statistics(x2, y2, count, tuple(x.shape))
             if self.training and self.track_running_stats:
                 self._update_running(mean, var, count)
         else:
@@ -171,7 +169,7 @@ class BatchNorm2d(Operator):
         self._y = out if self.activation else None
         return out
 
-    def _batch_statistics(self, x2: Any, spare: Any, count: int) -> tuple[Any, Any, int]:
+    def _batch_statistics(self, x2: Any, spare: Any, count: int, shape: tuple[int, ...]) -> tuple[Any, Any, int]:
         """Per-channel mean and biased variance, and the values per channel they are over: one pass for Σx and
         one for Σx² over ``x2`` (summed over the ranks when synchronised).
 
@@ -183,23 +181,24 @@ class BatchNorm2d(Operator):
         xp = self.xp
         total, squares = self._sum(x2), self._dot(x2, x2)
         if self._summed is not None:
-            total, squares, count = self._sum_over_ranks(count, total, squares)
-            if count < 2:
-                raise ShapeError(f"{self!r}: training needs more than one value per channel over all ranks; "
-                                 f"got {count}")
+            (total, squares), count = self._sum_over_ranks(total, squares, count=count)
+        if count < 2:
+            over = " over all ranks" if self._summed is not None else ""
+            raise ShapeError(f"{self!r} got input of shape {shape}: training needs more than one value per channel"
+                             f"{over}; got {count}")
         mean = total / count
         var = squares / count - mean * mean
         if bool(xp.any(var <= 1e-2 * mean * mean)):
             xp.subtract(x2, self._per_channel(mean), out=spare)
             centred = self._dot(spare, spare)
             if self._summed is not None:
-                centred = self._sum_over_ranks(0, centred)[0]
+                (centred,), _ = self._sum_over_ranks(centred)
             var = centred / count
         return mean, var, count
 
-    def _sum_over_ranks(self, count: int, *sums: Any) -> tuple[Any, ...]:
-        """Per-channel ``sums`` and ``count`` summed over the ranks (:attr:`cross_rank_sum`), as this op's arrays,
-        and the total count last: one float64 vector, one allreduce."""
+    def _sum_over_ranks(self, *sums: Any, count: int = 0) -> tuple[list[Any], int]:
+        """Per-channel ``sums`` summed over the ranks (:attr:`cross_rank_sum`), as this op's arrays, and ``count``
+        summed alike: one float64 vector, one allreduce."""
         backend, c = self.backend, self.num_features
         local = np.empty(len(sums) * c + 1)
         for i, part in enumerate(sums):
@@ -210,7 +209,7 @@ class BatchNorm2d(Operator):
             raise ShapeError(f"{self!r}: cross_rank_sum returned shape {summed.shape} for {local.shape}")
         dtype = sums[0].dtype
         parts = [backend.from_host(summed[i * c:(i + 1) * c].astype(dtype)) for i in range(len(sums))]
-        return (*parts, int(round(summed[-1])))
+        return parts, int(round(summed[-1]))
 
     def _update_running(self, mean: Any, var: Any, count: int) -> None:
         self.num_batches_tracked += 1
@@ -240,14 +239,14 @@ class BatchNorm2d(Operator):
 
                 self._passes(g, masked, 4)
             g2, x2 = self._view(g), self._view(x)
-            count = self._count if batch_stats else x.size // self.num_features
+            count = self._count
             gbeta = self._sum(g2)
             gxhat_sum = (self._dot(g2, x2) - mean * gbeta) * invstd  # Σ g·x̂ per channel
             if self.affine:  # this rank's rows' share: the gradient exchange sums the ranks' shares
                 self.accumulate_grad(self.weight, gxhat_sum.astype(x.dtype, copy=False))
                 self.accumulate_grad(self.bias, gbeta.astype(x.dtype, copy=False))
-            if batch_stats and self._summed is not None:  # every rank's rows moved the statistics: their sums
-                gbeta, gxhat_sum, _ = self._sum_over_ranks(0, gbeta, gxhat_sum)
+            if self._summed is not None:  # every rank's rows moved the statistics: their sums
+                (gbeta, gxhat_sum), _ = self._sum_over_ranks(gbeta, gxhat_sum)
             gamma = self.weight.data if self.affine else 1.0
             a = gamma * invstd
             gx = self.buffer("gx", x.shape, x.dtype)

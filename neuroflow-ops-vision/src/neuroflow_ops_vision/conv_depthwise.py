@@ -26,7 +26,7 @@ import numpy as np
 
 from neuroflow.backends.cpu_parallel import for_chunks, over_batch
 from neuroflow.backends.reductions import sum_rows
-from neuroflow_ops_vision.conv_gemm import padded_shape, transposed
+from neuroflow_ops_vision.conv_gemm import padded_shape
 from neuroflow_ops_vision.windows import Geometry, pad_into
 from neuroflow_ops_vision.workspace import Workspace
 
@@ -34,7 +34,7 @@ from neuroflow_ops_vision.workspace import Workspace
 def _padded(ws: Workspace, x: Any, geo: Geometry) -> Any:
     if geo.padding == (0, 0):
         return x
-    xpad = ws("depthwise.xpad", padded_shape(x.shape, geo), x.dtype)  # in backward: the input's, then the gradient's
+    xpad = ws("depthwise.xpad", padded_shape(x.shape, geo), x.dtype)
     over_batch(ws.xp, x.shape[0], lambda lo, hi: pad_into(x[lo:hi], geo.padding, xpad[lo:hi]), 2 * xpad.size)
     return xpad
 
@@ -64,19 +64,13 @@ def _tiled(ws: Workspace, w4: Any, geo: Geometry, wo: int) -> Any:
 
 def forward(ws: Workspace, x: Any, w4: Any, y: Any, geo: Geometry) -> None:
     """y (N, Ho, Wo, C·m) = depthwise conv of x (N, H, W, C) with w4 (C, m, kh, kw)."""
-    _sweep(ws, x, w4, y, geo, "depthwise.tap")
-
-
-def _sweep(ws: Workspace, x: Any, w4: Any, y: Any, geo: Geometry, tap_role: str) -> None:
-    """``y`` = the sweep of ``x`` with ``w4`` under ``geo``, a tap at a time (the forward, and the input gradient
-    of a stride-1 forward: the output gradient swept with the flipped kernel)."""
     xp = ws.xp
     n, ho, wo, _ = y.shape
     c, m = w4.shape[0], w4.shape[1]
     xpad = _padded(ws, x, geo)
     # With one filter per channel everything stays 4-d: a trailing axis of 1 would make numpy's inner loops one long.
     out = y if m == 1 else y.reshape(n, ho, wo, c, m)
-    t = ws(tap_role, out.shape, y.dtype)
+    t = ws("depthwise.tap", out.shape, y.dtype)
     taps = list(geo.taps())
     weights = [w4[:, 0, i, j] if m == 1 else w4[:, :, i, j] for i, j in taps]
     long_rows = _long_rows(xp, m, geo)
@@ -121,10 +115,6 @@ def backward(ws: Workspace, x: Any, grad: Any, w4: Any, gw4: Any | None, gx: Any
                 rows(0, ho)
             gw4[:, :, i, j] = sum_rows(xp, per_pixel.reshape(ho * wo, c * m)).reshape(c, m)
     if gx is None:
-        return
-    sweep = transposed(geo) if m == 1 else None
-    if sweep is not None:  # stride 1: gx is the gradient swept with the flipped kernel, whole rows a tap, as forward
-        _sweep(ws, grad, w4[:, :, ::-1, ::-1], gx, sweep, "depthwise.gtap")
         return
     t = ws("depthwise.gtap", x.shape[:1] + (ho, wo, c), grad.dtype)
     long_rows = _long_rows(xp, m, geo)

@@ -288,21 +288,17 @@ class DataParallel:
     def alone(self) -> Iterator[None]:
         """Inside, the ops that normalise over the batch use this rank's rows only: for a forward that the
         other ranks do not run (looking for the layer that made one rank's loss non-finite)."""
-        synchronised = self._synchronised
-        for module in synchronised:
-            vars(module).pop("cross_rank_sum", None)
+        self._lend_statistics_sum(False)
         try:
             yield
         finally:
-            for module in synchronised:
-                module.cross_rank_sum = self._sum_statistics
+            self._lend_statistics_sum(True)
 
     def release(self) -> None:
         """Undo :meth:`prepare`'s notifications (before the model is packed anew, or when the trainer is done)."""
         for module in self._hooked:
             vars(module).pop("backward", None)
-        for module in self._synchronised:
-            vars(module).pop("cross_rank_sum", None)
+        self._lend_statistics_sum(False)
         self._hooked = []
         self._synchronised = []
         self.flat = self.reducer = None
@@ -319,8 +315,15 @@ class DataParallel:
         if not self._synchronised:
             warnings.warn(f"sync_batchnorm=True, but no op of {type(model).__name__} normalises over the batch "
                           f"(BatchNorm): nothing to synchronise", stacklevel=2)
+        self._lend_statistics_sum(True)
+
+    def _lend_statistics_sum(self, lend: bool) -> None:
+        """Give the synchronised ops :meth:`_sum_statistics` as their ``cross_rank_sum``, or take it back."""
         for module in self._synchronised:
-            module.cross_rank_sum = self._sum_statistics
+            if lend:
+                module.cross_rank_sum = self._sum_statistics
+            else:
+                vars(module).pop("cross_rank_sum", None)
 
     def _sum_statistics(self, partial: np.ndarray) -> np.ndarray:
         """``partial`` (one op's per-channel sums on this rank) summed over the ranks."""
