@@ -69,9 +69,10 @@ def test_batchnorm_statistics_stay_per_rank_unless_synchronised(launch, tmp_path
     ("--optimizer", "sgd"),
     ("--optimizer", "adamw", "--accumulation", "3"),
 ], ids=["sgd", "adamw-accumulation"])
-def test_synchronised_batchnorm_trains_as_one_process_with_the_global_batch(launch, tmp_path, args):
-    one = train(launch, tmp_path, None, "--model", "cnnbn", *args)
-    two = train(launch, tmp_path, 2, "--model", "cnnbn", "--sync-bn", *args)
+@pytest.mark.parametrize("model", ["cnnbn", "nfcnn"])  # NCHW BatchNorm; the registry's CNN: NHWC, fused ReLU, SE
+def test_synchronised_batchnorm_trains_as_one_process_with_the_global_batch(launch, tmp_path, model, args):
+    one = train(launch, tmp_path, None, "--model", model, *args)
+    two = train(launch, tmp_path, 2, "--model", model, "--sync-bn", *args)
     assert int(two["steps"]) == int(one["steps"]) == 50
     assert relative(two["params"], one["params"]) <= 1e-5
     assert relative(two["buffers"], one["buffers"]) <= 1e-5  # running statistics of the global batches

@@ -1,6 +1,6 @@
 """A training run for the data-parallel tests, under ``mpiexec -n N`` (or alone, for the reference).
 
-``python worker_train.py OUT.npz --model mlp|cnn --optimizer sgd|adamw --steps S --batch B --accumulation K
+``python worker_train.py OUT.npz --model mlp|cnn|cnnbn|nfcnn --optimizer sgd|adamw --steps S --batch B --accumulation K
 [--distributed mpi|none] [--debug] [--dtype float32|float64]`` trains S steps on fixed data with global batch B and
 writes (rank 0, or the process alone) the flat parameters, the step losses and each rank's parameter checksums per
 step to OUT.npz.
@@ -29,6 +29,8 @@ def build(model: str, dtype: str) -> nf.Sequential:
         conv, pool = vision.get("Conv2d"), vision.get("MaxPool2d")
         net = nf.Sequential(conv(3, 6, 3, padding=1), ops.ReLU(), pool(2), conv(6, 8, 3, padding=1), ops.ReLU(),
                             pool(2), ops.Flatten(), ops.Linear(8 * 2 * 2, 5))
+    elif model == "nfcnn":  # the registry's NeuroFlow-CNN: NHWC BatchNorm with a fused ReLU, separable convs, SE
+        net = nf.registry.models.get("neuroflow_cnn")(num_classes=5, in_channels=3, width=8)
     else:  # with BatchNorm: per-rank batch statistics unless --sync-bn (then as one process)
         conv, bn, pool = vision.get("Conv2d"), vision.get("BatchNorm2d"), vision.get("MaxPool2d")
         net = nf.Sequential(conv(3, 6, 3, padding=1), bn(6), ops.ReLU(), pool(4), ops.Flatten(),
