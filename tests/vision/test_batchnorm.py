@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from neuroflow.errors import ShapeError
@@ -122,6 +122,8 @@ def test_fused_relu_equals_relu_after(layout: str, rng: np.random.Generator) -> 
 @given(n=st.integers(1, 4), c=st.integers(1, 5), h=st.integers(1, 5), w=st.integers(1, 5),
        layout=st.sampled_from(["NCHW", "NHWC"]), scale=st.floats(0.01, 100), shift=st.floats(-100, 100),
        seed=st.integers(0, 2**16))
+# two values 88 ± 0.01: the float32 mean was two of its ulps (1.5e-5) off, 5e-3 of the normalised output
+@example(n=1, c=1, h=1, w=2, layout="NCHW", scale=0.01, shift=88.0, seed=2)
 def test_random_shapes_and_scales(n: int, c: int, h: int, w: int, layout: str, scale: float, shift: float,
                                   seed: int) -> None:
     if n * h * w < 2:
@@ -131,7 +133,8 @@ def test_random_shapes_and_scales(n: int, c: int, h: int, w: int, layout: str, s
     x = (rng.standard_normal((n, c, h, w)) * scale + shift).astype(np.float32)
     y = from_layout(bn.forward(to_layout(x, layout)), layout)
     expected = batch_norm_train(x.astype(np.float64), np.ones(c), np.zeros(c), 1e-5)
-    np.testing.assert_allclose(y, expected, atol=2e-3)  # float32, mean/scale up to 10⁴
+    # float32, |mean| up to 100: the mean rounds to half an ulp of 100 (3.8e-6), over √eps (a spread below it) 1.2e-3
+    np.testing.assert_allclose(y, expected, atol=2e-3)
 
 
 class TestBatchNormOnEveryBackend(OpTestCase):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from neuroflow import debug
+from neuroflow import debug, folding
 from neuroflow.errors import ShapeError
 from neuroflow.operator import MemoryDeclaration, Operator
 
@@ -48,6 +48,7 @@ class Sequential(Operator):
         self.layers: list[Operator] = list(layers)
         self._input_shapes: list[tuple[int, ...]] = []
         self._fused: tuple[tuple[Operator, ...], list[Operator]] | None = None  # (layers fused, what runs)
+        self._inference: tuple[tuple[Operator, ...], list[Operator]] | None = None  # (the run, folded)
 
     def run_as(self, run: list[Operator]) -> None:
         """Execute ``run`` in place of the layers: the same computation regrouped (activations run inside
@@ -75,25 +76,36 @@ class Sequential(Operator):
     def backward_reads_output(self) -> bool:  # type: ignore[override]
         return not self.layers or self.layers[-1].backward_reads_output
 
+    @property
+    def _inference_run(self) -> list[Operator]:
+        """The run with its normalisations folded into the ops before them (:mod:`neuroflow.folding`), made
+        again whenever the run changes."""
+        run = self._run
+        held = self._inference
+        if held is None or held[0] != tuple(run):
+            held = self._inference = (tuple(run), folding.folded_layers(run))
+        return held[1]
+
     def forward(self, x: Any) -> Any:
+        run = self._inference_run if folding.active() else self._run
         pool = self._pool
         if pool is not None and pool.tracing:
-            return self._traced_forward(x, pool)
+            return self._traced_forward(x, pool, run)
         if debug.enabled():
             self._input_shapes = []
-            for layer in self._run:
+            for layer in run:
                 self._input_shapes.append(tuple(x.shape))
                 x = layer.forward(x)
             return x
-        for layer in self._run:
+        for layer in run:
             x = layer.forward(x)
         return x
 
-    def _traced_forward(self, x: Any, pool: Any) -> Any:
+    def _traced_forward(self, x: Any, pool: Any, run: list[Operator]) -> Any:
         """Forward while the pool traces, each layer's output reported to it as it is read (see
         :func:`report_forward_read`)."""
         producer: Operator | None = None
-        for layer in self._run:
+        for layer in run:
             y = layer.forward(x)
             if producer is not None:
                 report_forward_read(pool, producer, layer, x, y)

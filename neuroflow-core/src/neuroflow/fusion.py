@@ -72,6 +72,15 @@ class ActivationFused(Operator):
         with self._activated():
             return self.op.memory_declaration(input_shape)
 
+    @property
+    def affine_in_eval(self) -> bool:
+        return bool(getattr(self.op, "affine_in_eval", False))
+
+    def inference_affine(self, dtype: Any) -> Any:
+        """The op's affine map, with the activation it is run with (see :mod:`neuroflow.folding`)."""
+        with self._activated():
+            return self.op.inference_affine(dtype)  # type: ignore[attr-defined]
+
     def layout_options(self) -> Any:
         """The op's (see :mod:`neuroflow.layout_pass`): the activation runs in whatever layout the op writes."""
         ask = getattr(self.op, "layout_options", None)

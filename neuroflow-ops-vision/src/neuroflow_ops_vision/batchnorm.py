@@ -54,6 +54,7 @@ class BatchNorm2d(Operator):
 
     absorbs_activation_after = ("relu",)
     normalises_over_batch = True
+    affine_in_eval = True  # see inference_affine
 
     running_mean: Tensor
     running_var: Tensor
@@ -98,6 +99,7 @@ class BatchNorm2d(Operator):
         self._batch_stats = True
         self._count = 0  # the values per channel the batch statistics were taken over (all ranks' when summed)
         self._summed: Any = None  # the cross_rank_sum the last training forward used, for its backward
+        self._centre: Any = None  # the mean the last forward's output is centred on, where it had to be
 
     # ------------------------------------------------------------------ views
     def _view(self, a: Any) -> Any:
@@ -126,7 +128,6 @@ class BatchNorm2d(Operator):
     def forward(self, x: Any, out: Any = None) -> Any:
         """Normalise ``x``; into ``out`` when given (a caller that drops the output and calls :meth:`recompute`)."""
         check_feature_map(self, x, self.num_features, self.layout)
-        xp = self.xp
         x2 = self._view(x)
         count = x.size // self.num_features
         y = self.buffer("y", x.shape, x.dtype) if out is None else out
@@ -134,20 +135,37 @@ class BatchNorm2d(Operator):
         batch_stats = self.training or not self.track_running_stats
         # only a training forward joins the other ranks: predict and evaluate run on one rank's own
         self._summed = self.cross_rank_sum if self.training else None
+        centre = False
         if batch_stats:
-            mean, var, count = self._batch_statistics(x2, y2, count, tuple(x.shape))
+            mean, var, count, centre = self._batch_statistics(x2, y2, count, tuple(x.shape))
             if self.training and self.track_running_stats:
                 self._update_running(mean, var, count)
         else:
             mean, var = self.running_mean.data, self.running_var.data
-        invstd = 1.0 / xp.sqrt(var + self.eps)
-        scale = invstd * self.weight.data if self.affine else invstd
-        shift = (self.bias.data if self.affine else 0.0) - mean * scale
+        invstd, scale, shift = self._normalisation(mean, var, centre)
         self._scale, self._shift = scale.astype(x.dtype, copy=False), shift.astype(x.dtype, copy=False)
+        self._centre = mean.astype(x.dtype, copy=False) if centre else None
         self.save_input(x)
         self._mean, self._invstd, self._batch_stats, self._count = mean, invstd, batch_stats, count
         self.recompute(y)
         return y
+
+    def inference_affine(self, dtype: Any) -> tuple[Any, Any, str | None] | None:
+        """(scale, shift, activation) per channel that this op applies in eval mode with running statistics:
+        ``activation(x · scale + shift)``, as forward computes them; None where the output depends on the batch
+        (training, or ``track_running_stats=False``). See :mod:`neuroflow.folding`."""
+        if self.training or not self.track_running_stats:
+            return None
+        _, scale, shift = self._normalisation(self.running_mean.data, self.running_var.data)
+        return scale.astype(dtype, copy=False), shift.astype(dtype, copy=False), self.activation
+
+    def _normalisation(self, mean: Any, var: Any, centre: bool = False) -> tuple[Any, Any, Any]:
+        """1/√(var + eps), and the per-channel scale and shift that normalise with ``mean`` and ``var``: y = x·scale
+        + shift, or y = (x − mean)·scale + shift when ``centre``."""
+        invstd = 1.0 / self.xp.sqrt(var + self.eps)
+        scale = invstd * self.weight.data if self.affine else invstd
+        beta = self.bias.data if self.affine else self.xp.zeros_like(scale)
+        return invstd, scale, beta if centre else beta - mean * scale
 
     def recompute(self, out: Any) -> Any:
         """Write the last forward's output into ``out`` again, bit for bit, from the cached input.
@@ -157,10 +175,15 @@ class BatchNorm2d(Operator):
         """
         xp, y2, x2 = self.xp, self._view(out), self._view(self.saved_input)
         scale, shift, relu = self._per_channel(self._scale), self._per_channel(self._shift), self.activation == "relu"
+        centre = None if self._centre is None else self._per_channel(self._centre)
 
         def run(lo: int, hi: int) -> None:
             part = y2[lo:hi]
-            xp.multiply(x2[lo:hi], scale, out=part)
+            if centre is None:
+                xp.multiply(x2[lo:hi], scale, out=part)
+            else:  # x·scale would round to ulps of mean·scale, no longer small against the output
+                xp.subtract(x2[lo:hi], centre, out=part)
+                part *= scale
             part += shift
             if relu:
                 xp.maximum(part, 0, out=part)
@@ -169,14 +192,17 @@ class BatchNorm2d(Operator):
         self._y = out if self.activation else None
         return out
 
-    def _batch_statistics(self, x2: Any, spare: Any, count: int, shape: tuple[int, ...]) -> tuple[Any, Any, int]:
-        """Per-channel mean and biased variance, and the values per channel they are over: one pass for Σx and
-        one for Σx² over ``x2`` (summed over the ranks when synchronised).
+    def _batch_statistics(self, x2: Any, spare: Any, count: int,
+                          shape: tuple[int, ...]) -> tuple[Any, Any, int, bool]:
+        """Per-channel mean and biased variance, the values per channel they are over, and whether the output
+        should be computed from the centred input: one pass for Σx and one for Σx² over ``x2`` (summed over the
+        ranks when synchronised).
 
-        var = E[x²] − mean² loses digits when the mean dwarfs the spread; channels
-        where it does get the two-pass variance of the centred values (written
-        into ``spare``, an array of ``x2``'s shape). The ranks decide that on the
-        same global values, so they all take the second pass or none does.
+        var = E[x²] − mean² loses digits when the mean dwarfs the spread; then
+        (in any channel) the variance and the mean come from a second pass over
+        the centred values (written into ``spare``, an array of ``x2``'s
+        shape), and the output is normalised from them too. The ranks decide
+        that on the same global values, so they all take the second pass or none does.
         """
         xp = self.xp
         total, squares = self._sum(x2), self._dot(x2, x2)
@@ -189,12 +215,16 @@ class BatchNorm2d(Operator):
         mean = total / count
         var = squares / count - mean * mean
         if bool(xp.any(var <= 1e-2 * mean * mean)):
+            # the rounded mean is off by a few of its ulps, which are no longer small against the spread: the
+            # centred values' own mean corrects it (the corrected two-pass algorithm)
             xp.subtract(x2, self._per_channel(mean), out=spare)
-            centred = self._dot(spare, spare)
+            offset, centred = self._sum(spare), self._dot(spare, spare)
             if self._summed is not None:
-                (centred,), _ = self._sum_over_ranks(centred)
-            var = centred / count
-        return mean, var, count
+                (offset, centred), _ = self._sum_over_ranks(offset, centred)
+            offset = offset / count
+            var = xp.maximum(centred / count - offset * offset, 0)
+            return mean + offset, var, count, True
+        return mean, var, count, False
 
     def _sum_over_ranks(self, *sums: Any, count: int = 0) -> tuple[list[Any], int]:
         """Per-channel ``sums`` summed over the ranks (:attr:`cross_rank_sum`), as this op's arrays, and ``count``

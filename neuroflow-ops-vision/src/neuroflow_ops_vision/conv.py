@@ -77,6 +77,7 @@ class Conv2d(ChannelsLastOperator):
     """
 
     backward_reads_output = False
+    folds_affine = True  # forward_affine: an eval-mode BatchNorm2d after it runs inside (neuroflow.folding)
 
     def __init__(
         self,
@@ -127,26 +128,55 @@ class Conv2d(ChannelsLastOperator):
 
     # ------------------------------------------------------------------ computation
     def forward(self, x: Any) -> Any:
+        return self._forward(x, None)
+
+    def forward_affine(self, x: Any, scale: Any, shift: Any, activation: str | None) -> Any:
+        """``activation(forward(x) · scale + shift)``, ``scale`` and ``shift`` per output channel: an inference-only
+        forward, with the scale folded into the weights and the shift into the bias (no pass of its own).
+
+        What an eval-mode BatchNorm2d after this convolution computes (see :mod:`neuroflow.folding`); the
+        output has no backward.
+        """
+        return self._forward(x, (scale, shift, activation))
+
+    def _forward(self, x: Any, affine: tuple[Any, Any, str | None] | None) -> Any:
         check_feature_map(self, x, self.in_channels, self.layout)
         xh = self._to_nhwc(x, self.layout, "x_nhwc")
         n, h, w, _ = xh.shape
         out_hw = self.geometry.out_hw((h, w))
         check_fits(self, tuple(x.shape), (h, w), out_hw, self.kernel_size, self.padding, self.dilation)
+        scale = None if affine is None else affine[0]
         with Workspace(self, "forward") as ws:
             y = self._nhwc_result(self.output_layout, "y", (n, out_hw[0], out_hw[1], self.out_channels), x.dtype, ws)
             if self._depthwise:
-                conv_depthwise.forward(ws, xh, self._w4(), y, self.geometry)
+                conv_depthwise.forward(ws, xh, self._w4(ws, scale), y, self.geometry)
             else:
                 chunk = self.chunk_size(xh.shape)
                 keep = None
                 if self._keeps_columns(chunk, n):
                     shape = conv_gemm.column_shape(n, out_hw, self.geometry, self.groups, self.in_channels)
                     keep = self.buffer("col", shape, x.dtype)
-                self._cols = conv_gemm.forward(ws, xh, self._wmat(ws), y, self.geometry, self.groups, chunk, keep)
-            if self.has_bias:
+                wmat = self._wmat(ws, scale)
+                self._cols = conv_gemm.forward(ws, xh, wmat, y, self.geometry, self.groups, chunk, keep)
+            if affine is not None:
+                self._apply_shift(ws, y, *affine)
+            elif self.has_bias:
                 y += self.bias.data
             self.save_input(xh)  # NHWC: what backward reads
             return self._from_nhwc(y, self.output_layout, "y")
+
+    def _apply_shift(self, ws: Workspace, y: Any, scale: Any, shift: Any, activation: str | None) -> None:
+        """y += shift (+ bias · scale), then the activation: the epilogue of :meth:`forward_affine`."""
+        if self.has_bias:
+            folded = ws("conv.shift", shift.shape, y.dtype)
+            self.xp.multiply(self.bias.data, scale, out=folded)
+            folded += shift
+            shift = folded
+        y += shift
+        if activation == "relu":
+            self.xp.maximum(y, 0, out=y)
+        elif activation is not None:
+            raise ValueError(f"{self!r}: forward_affine applies activation 'relu' or None; got {activation!r}")
 
     def backward(self, grad_out: Any) -> Any:
         x = self.saved_input
@@ -199,15 +229,26 @@ class Conv2d(ChannelsLastOperator):
     def _wmat_shape(self) -> tuple[int, int, int, int]:
         return (self.out_channels, *self.kernel_size, self.in_channels // self.groups)
 
-    def _wmat(self, ws: Workspace) -> Any:
-        """The weight as (O, kh, kw, C/G): the row order of the column matrix."""
+    def _wmat(self, ws: Workspace, scale: Any = None) -> Any:
+        """The weight as (O, kh, kw, C/G): the row order of the column matrix; each output's filter times
+        ``scale`` (O,) when given, in the same copy."""
         wmat = ws("conv.wmat", self._wmat_shape(), self.weight.data.dtype)
-        self.xp.copyto(wmat, self.weight.data.transpose(0, 2, 3, 1))
+        w = self.weight.data.transpose(0, 2, 3, 1)
+        if scale is None:
+            self.xp.copyto(wmat, w)
+        else:
+            self.xp.multiply(w, scale.reshape(-1, 1, 1, 1), out=wmat)
         return wmat
 
-    def _w4(self) -> Any:
+    def _w4(self, ws: Workspace | None = None, scale: Any = None) -> Any:
+        """The depthwise weight as (C, m, kh, kw): a view, or a scaled copy in ``ws`` when ``scale`` (C·m,) is given."""
         c = self.in_channels
-        return self.weight.data.reshape(c, self.out_channels // c, *self.kernel_size)
+        w4 = self.weight.data.reshape(c, self.out_channels // c, *self.kernel_size)
+        if scale is None or ws is None:
+            return w4
+        scaled = ws("conv.w4", w4.shape, w4.dtype)
+        self.xp.multiply(w4, scale.reshape(c, -1, 1, 1), out=scaled)
+        return scaled
 
     # ------------------------------------------------------------------ memory
     def workspace_bytes_per_sample(self, hw: tuple[int, int]) -> int:

@@ -73,6 +73,8 @@ class SeparableConv2d(ChannelsLastOperator):
     NHWC; about k² times fewer multiply-adds than a dense k×k Conv2d.
     """
 
+    folds_affine = True  # forward_affine, in the pointwise convolution (neuroflow.folding)
+
     def __init__(
         self,
         in_channels: int,
@@ -102,8 +104,17 @@ class SeparableConv2d(ChannelsLastOperator):
         self.depthwise.needs_input_grad = bool(value)
 
     def forward(self, x: Any) -> Any:
+        return self._forward(x, None)
+
+    def forward_affine(self, x: Any, scale: Any, shift: Any, activation: str | None) -> Any:
+        """``activation(forward(x) · scale + shift)`` per output channel, folded into the pointwise convolution
+        (see :meth:`Conv2d.forward_affine`); inference only."""
+        return self._forward(x, (scale, shift, activation))
+
+    def _forward(self, x: Any, affine: tuple[Any, Any, str | None] | None) -> Any:
         check_feature_map(self, x, self.in_channels, self.layout)
-        y = self.pointwise.forward(self.depthwise.forward(self._to_nhwc(x, self.layout, "x_nhwc")))
+        depthwise = self.depthwise.forward(self._to_nhwc(x, self.layout, "x_nhwc"))
+        y = self.pointwise.forward(depthwise) if affine is None else self.pointwise.forward_affine(depthwise, *affine)
         return self._from_nhwc(y, self.layout, "y")
 
     def backward(self, grad_out: Any) -> Any:

@@ -47,6 +47,23 @@ class LayoutPlanned(Operator):
         with self.placement():
             return self.op.memory_declaration(input_shape)
 
+    # the op's side of inference folding (neuroflow.folding), in the layouts the plan chose
+    @property
+    def folds_affine(self) -> bool:
+        return bool(getattr(self.op, "folds_affine", False))
+
+    @property
+    def affine_in_eval(self) -> bool:
+        return bool(getattr(self.op, "affine_in_eval", False))
+
+    def forward_affine(self, x: Any, scale: Any, shift: Any, activation: str | None) -> Any:
+        with self.placement():
+            return self.op.forward_affine(x, scale, shift, activation)  # type: ignore[attr-defined]
+
+    def inference_affine(self, dtype: Any) -> Any:
+        with self.placement():
+            return self.op.inference_affine(dtype)  # type: ignore[attr-defined]
+
     def __repr__(self) -> str:
         return f"LayoutPlanned({self.op!r}, {self.layouts[0]}→{self.layouts[1]})"
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow import folding
 from neuroflow.errors import ConfigError
 from neuroflow.losses.evaluation import Evaluator, evaluator_of
 from neuroflow.operator import Operator
@@ -32,7 +33,7 @@ def inference_mode(session: MemorySession) -> Iterator[Operator]:
         was_training = model.training
         model.eval()
         try:
-            with session.lend():
+            with session.lend(), folding.folding():  # what runs here has no backward: normalisations fold
                 yield model
         finally:
             model.train(was_training)

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from neuroflow import debug
+from neuroflow import debug, folding
 from neuroflow.composites import Sequential, report_forward_read
 from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow.ops.linear import Linear
@@ -68,10 +68,13 @@ class BasicBlock(Operator):
 
     def forward(self, x: Any) -> Any:
         xp = self.xp
-        c1 = self.conv1.forward(x)
-        with Workspace(self, "forward") as ws:
-            c2 = self.conv2.forward(self.bn1.forward(c1, out=ws("block.h", c1.shape, c1.dtype)))
-        out = self.bn2.forward(c2)
+        if folding.active():  # predict or evaluate: each BatchNorm runs inside the convolution before it
+            out = folding.run_pair(self.conv2, self.bn2, folding.run_pair(self.conv1, self.bn1, x))
+        else:
+            c1 = self.conv1.forward(x)
+            with Workspace(self, "forward") as ws:
+                c2 = self.conv2.forward(self.bn1.forward(c1, out=ws("block.h", c1.shape, c1.dtype)))
+            out = self.bn2.forward(c2)
         # bn2 does not keep its output for backward, so the add and the ReLU may write into it.
         if self.has_downsample:
             shortcut = self.downsample.forward(x)
