@@ -58,7 +58,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("backends", ("neuroflow.backends", "neuroflow.allocators")),
     ("buffers", ("neuroflow.buffers",)),
     ("operator", ("neuroflow.operator", "neuroflow.testing")),
-    ("ops", ("neuroflow.composites", "neuroflow.fusion", "neuroflow.layout_pass", "neuroflow.ops", "neuroflow.losses")),
+    ("ops", ("neuroflow.folding", "neuroflow.composites", "neuroflow.fusion", "neuroflow.layout_pass", "neuroflow.ops", "neuroflow.losses")),
     ("optim", ("neuroflow.optim",)),
     ("memory", ("neuroflow.memory",)),
     ("checkpoint", ("neuroflow.checkpoint", "neuroflow.export")),

@@ -47,6 +47,24 @@ def check_positive(owner: str, **sizes: int) -> None:
             raise ValueError(f"{owner}: {name} must be a positive int; got {value!r}")
 
 
+def add_bias(ws: Workspace, y: Any, bias: Any, affine: tuple[Any, Any, str | None] | None) -> None:
+    """y += bias; under an ``affine`` map (scale, shift, activation), y += shift + bias·scale, then the activation."""
+    if affine is None:
+        if bias is not None:
+            y += bias
+        return
+    scale, shift, activation = affine
+    if activation not in (None, "relu"):
+        raise ValueError(f"forward_affine applies activation 'relu' or None; got {activation!r}")
+    if bias is not None:
+        folded = ws("conv.shift", shift.shape, y.dtype)
+        ws.xp.multiply(bias, scale, out=folded)
+        shift = ws.xp.add(folded, shift, out=folded)
+    y += shift
+    if activation == "relu":
+        ws.xp.maximum(y, 0, out=y)
+
+
 class Conv2d(ChannelsLastOperator):
     """2-d convolution: ``weight`` (out, in/groups, kh, kw) and ``bias`` (out), as in PyTorch.
 
@@ -131,12 +149,8 @@ class Conv2d(ChannelsLastOperator):
         return self._forward(x, None)
 
     def forward_affine(self, x: Any, scale: Any, shift: Any, activation: str | None) -> Any:
-        """``activation(forward(x) · scale + shift)``, ``scale`` and ``shift`` per output channel: an inference-only
-        forward, with the scale folded into the weights and the shift into the bias (no pass of its own).
-
-        What an eval-mode BatchNorm2d after this convolution computes (see :mod:`neuroflow.folding`); the
-        output has no backward.
-        """
+        """``activation(forward(x) · scale + shift)`` per output channel, the scale folded into the filters and the
+        shift into the bias: an eval-mode BatchNorm2d after it, for inference (see :mod:`neuroflow.folding`)."""
         return self._forward(x, (scale, shift, activation))
 
     def _forward(self, x: Any, affine: tuple[Any, Any, str | None] | None) -> Any:
@@ -158,25 +172,9 @@ class Conv2d(ChannelsLastOperator):
                     keep = self.buffer("col", shape, x.dtype)
                 wmat = self._wmat(ws, scale)
                 self._cols = conv_gemm.forward(ws, xh, wmat, y, self.geometry, self.groups, chunk, keep)
-            if affine is not None:
-                self._apply_shift(ws, y, *affine)
-            elif self.has_bias:
-                y += self.bias.data
+            add_bias(ws, y, self.bias.data if self.has_bias else None, affine)
             self.save_input(xh)  # NHWC: what backward reads
             return self._from_nhwc(y, self.output_layout, "y")
-
-    def _apply_shift(self, ws: Workspace, y: Any, scale: Any, shift: Any, activation: str | None) -> None:
-        """y += shift (+ bias · scale), then the activation: the epilogue of :meth:`forward_affine`."""
-        if self.has_bias:
-            folded = ws("conv.shift", shift.shape, y.dtype)
-            self.xp.multiply(self.bias.data, scale, out=folded)
-            folded += shift
-            shift = folded
-        y += shift
-        if activation == "relu":
-            self.xp.maximum(y, 0, out=y)
-        elif activation is not None:
-            raise ValueError(f"{self!r}: forward_affine applies activation 'relu' or None; got {activation!r}")
 
     def backward(self, grad_out: Any) -> Any:
         x = self.saved_input
