@@ -69,3 +69,23 @@ def test_update_in_backward_is_refused_off_the_cpu(backend: Any) -> None:
 
     with pytest.raises(ConfigError, match="update_in_backward runs on the cpu backend only; this trainer is on 'opencl'"):
         nf.Trainer(nf.Sequential(ops.Linear(4, 2)), device=backend.device, update_in_backward=True)
+
+
+def test_predict_folds_batchnorm_into_the_convolution_on_opencl_as_on_cpu(backend: Any) -> None:
+    """Inference folding (neuroflow.folding) on the device: no BatchNorm2d runs in predict, and the probabilities
+    after a training step are the cpu backend's."""
+    from tests.vision.folding_models import CallCounter, convnet, norms
+
+    def run(device: str) -> tuple[np.ndarray, int]:
+        model = convnet("NCHW", np.random.default_rng(5))
+        trainer = nf.Trainer(model, nf.losses.CrossEntropy(), nf.optim.SGD(lr=0.01), batch_size=8, progress=False,
+                             seed=0, device=device)
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((8, 3, 16, 16)).astype(np.float32)
+        trainer.train_step(x, rng.integers(0, 5, 8))
+        counter = CallCounter(norms(model))
+        return trainer.predict(x), counter.calls
+
+    (cpu, _), (cl, calls) = run("cpu"), run(backend.device)
+    assert calls == 0
+    np.testing.assert_allclose(cl, cpu, atol=2e-6)
