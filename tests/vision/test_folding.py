@@ -151,3 +151,16 @@ def test_resnet_blocks_fold_their_own_pairs_in_predict(rng):
     counter = CallCounter(norms(model))
     np.testing.assert_allclose(t.predict(x), expected, rtol=1e-11, atol=1e-14)
     assert counter.calls == 0
+
+
+def test_a_norm_without_affine_parameters_folds_its_normalisation_alone(rng):
+    nf.manual_seed(0)
+    bn = BatchNorm2d(6, affine=False, layout="NHWC")
+    bn.running_mean.data[...] = rng.standard_normal(6)
+    bn.running_var.data[...] = rng.uniform(0.5, 2.0, 6)
+    model = nf.Sequential(Conv2d(3, 6, 3, layout="NHWC"), bn, ops.Flatten(), ops.Linear(6 * 4 * 4, 3)).astype(np.float64)
+    x = rng.standard_normal((4, 6, 6, 3))
+    expected = softmax(unfolded_eval(model, x))
+    counter = CallCounter([bn])
+    np.testing.assert_allclose(trainer(model).predict(x), expected, rtol=1e-12, atol=1e-14)
+    assert counter.calls == 0
