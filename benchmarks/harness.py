@@ -277,13 +277,17 @@ def first_values_agree(values: dict[str, list[float]], what: str = "first loss")
 
 
 def measure_in_child(groups: dict[str, dict[str, Callable[[], float]]], args: Any,
-                     check: Callable[[dict[str, list[float]]], None]) -> tuple[dict[str, Any], dict[str, Any]]:
+                     check: Callable[[dict[str, list[float]]], None],
+                     step_multiples: dict[str, int] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """In the one-process child of :func:`one_process_run`: each group of contenders' steppers timed interleaved
     (:func:`run_interleaved`, with ``args``' repeats, steps, warmup and pause) at the child's thread count
-    (``args.one_process_child``). Returns the results by group and the thread report."""
+    (``args.one_process_child``); a group in ``step_multiples`` takes that many times ``args.steps`` per block (a
+    short step, so that its block, too, outlasts the wake-up after the pause). Returns the results by group and the
+    thread report."""
     threads = limit_threads(args.one_process_child)
     pause = pause_for(args.one_process_child, args.pause)
-    return {key: run_interleaved(steppers, args.repeats, args.steps, args.warmup, pause, check)
+    multiples = step_multiples or {}
+    return {key: run_interleaved(steppers, args.repeats, args.steps * multiples.get(key, 1), args.warmup, pause, check)
             for key, steppers in groups.items()}, threads
 
 
