@@ -61,10 +61,12 @@ def test_float32_predict_stays_as_close_to_float64_as_the_unfolded_run(layout, r
     exact = unfolded_eval(model.astype(np.float64), x.astype(np.float64))
     model.astype(np.float32)
     unfolded_error = np.abs(unfolded_eval(model, x) - exact).max()
+    counter = CallCounter(norms(model))
     with folding.folding():
         model.eval()
         folded_error = np.abs(np.array(model.forward(x)) - exact).max()
         model.train()
+    assert counter.calls == 0  # the folded run was the one measured
     assert folded_error <= 4 * max(unfolded_error, 1e-6 * np.abs(exact).max())
 
 

@@ -142,8 +142,7 @@ class BatchNorm2d(Operator):
                 self._update_running(mean, var, count)
         else:
             mean, var = self.running_mean.data, self.running_var.data
-        invstd, scale, shift = self._normalisation(mean, var, centre)
-        self._scale, self._shift = scale.astype(x.dtype, copy=False), shift.astype(x.dtype, copy=False)
+        invstd, self._scale, self._shift = self._normalisation(mean, var, x.dtype, centre)
         self._centre = mean.astype(x.dtype, copy=False) if centre else None
         self.save_input(x)
         self._mean, self._invstd, self._batch_stats, self._count = mean, invstd, batch_stats, count
@@ -156,16 +155,17 @@ class BatchNorm2d(Operator):
         (training, or ``track_running_stats=False``). See :mod:`neuroflow.folding`."""
         if self.training or not self.track_running_stats:
             return None
-        _, scale, shift = self._normalisation(self.running_mean.data, self.running_var.data)
-        return scale.astype(dtype, copy=False), shift.astype(dtype, copy=False), self.activation
+        _, scale, shift = self._normalisation(self.running_mean.data, self.running_var.data, dtype)
+        return scale, shift, self.activation
 
-    def _normalisation(self, mean: Any, var: Any, centre: bool = False) -> tuple[Any, Any, Any]:
-        """1/√(var + eps), and the per-channel scale and shift that normalise with ``mean`` and ``var``: y = x·scale
-        + shift, or y = (x − mean)·scale + shift when ``centre``."""
+    def _normalisation(self, mean: Any, var: Any, dtype: Any, centre: bool = False) -> tuple[Any, Any, Any]:
+        """1/√(var + eps), and the per-channel scale and shift (as ``dtype``) that normalise with ``mean`` and
+        ``var``: y = x·scale + shift, or y = (x − mean)·scale + shift when ``centre``."""
         invstd = 1.0 / self.xp.sqrt(var + self.eps)
         scale = invstd * self.weight.data if self.affine else invstd
-        beta = self.bias.data if self.affine else self.xp.zeros_like(scale)
-        return invstd, scale, beta if centre else beta - mean * scale
+        beta = self.bias.data if self.affine else 0.0
+        shift = beta - mean * scale if not centre else self.xp.zeros_like(scale) + beta  # an array without β too
+        return invstd, scale.astype(dtype, copy=False), shift.astype(dtype, copy=False)
 
     def recompute(self, out: Any) -> Any:
         """Write the last forward's output into ``out`` again, bit for bit, from the cached input.

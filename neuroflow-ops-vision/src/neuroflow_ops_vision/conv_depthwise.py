@@ -145,33 +145,41 @@ def _weight_gradient_windows(ws: Workspace, windows: Any, grad: Any, gw4: Any) -
     np.copyto(gw4[:, 0], total.reshape(kh, kw, c).transpose(2, 0, 1))
 
 
+def _weight_gradient_taps(ws: Workspace, xpad: Any, g: Any, gw4: Any, geo: Geometry) -> None:
+    """gw4 (C, m, kh, kw) tap by tap from the padded input ``xpad`` and the gradient ``g`` ((N, Ho, Wo, C) with one
+    filter per channel, else (N, Ho, Wo, C, m))."""
+    xp = ws.xp
+    ho, wo, c = g.shape[1], g.shape[2], g.shape[3]
+    m = 1 if g.ndim == 4 else g.shape[4]
+    # Each tap's Σ over N·Ho·Wo: over the batch per pixel, then over the pixels blocked (float32 keeps its digits).
+    per_pixel = ws("depthwise.gw_pixel", (ho, wo, c) if m == 1 else (ho, wo, c, m), g.dtype)
+    spec = "nhwc,nhwc->hwc" if m == 1 else "nhwc,nhwcm->hwcm"
+    for i, j in geo.taps():
+        window = xpad[:, geo.rows(i, ho), geo.cols(j, wo), :]
+
+        def rows(lo: int, hi: int, window: Any = window) -> None:  # each output row's Σ over n, whole
+            xp.einsum(spec, window[:, lo:hi], g[:, lo:hi], out=per_pixel[lo:hi])
+
+        if xp is np:
+            for_chunks(ho, rows, 2 * g.size)
+        else:
+            rows(0, ho)
+        gw4[:, :, i, j] = sum_rows(xp, per_pixel.reshape(ho * wo, c * m)).reshape(c, m)
+
+
 def backward(ws: Workspace, x: Any, grad: Any, w4: Any, gw4: Any | None, gx: Any | None, geo: Geometry) -> None:
     """Write the weight gradient into ``gw4`` (C, m, kh, kw) and the input gradient into ``gx``; None skips either."""
     xp = ws.xp
     n, ho, wo, _ = grad.shape
     c, m = w4.shape[0], w4.shape[1]
     g = grad if m == 1 else grad.reshape(n, ho, wo, c, m)
-    if gw4 is not None and xp is np and m == 1 and c >= WINDOWS_MIN_CHANNELS:
-        view = window_view(xp, _padded(ws, x, geo), geo, (ho, wo), 1)
-        if view is not None:
-            _weight_gradient_windows(ws, view[:, :, :, 0], grad, gw4)
-            gw4 = None
     if gw4 is not None:
         xpad = _padded(ws, x, geo)
-        # Each tap's Σ over N·Ho·Wo: over the batch per pixel, then over the pixels blocked (float32 keeps its digits).
-        per_pixel = ws("depthwise.gw_pixel", (ho, wo, c) if m == 1 else (ho, wo, c, m), grad.dtype)
-        spec = "nhwc,nhwc->hwc" if m == 1 else "nhwc,nhwcm->hwcm"
-        for i, j in geo.taps():
-            window = xpad[:, geo.rows(i, ho), geo.cols(j, wo), :]
-
-            def rows(lo: int, hi: int, window: Any = window) -> None:  # each output row's Σ over n, whole
-                xp.einsum(spec, window[:, lo:hi], g[:, lo:hi], out=per_pixel[lo:hi])
-
-            if xp is np:
-                for_chunks(ho, rows, 2 * g.size)
-            else:
-                rows(0, ho)
-            gw4[:, :, i, j] = sum_rows(xp, per_pixel.reshape(ho * wo, c * m)).reshape(c, m)
+        view = window_view(xp, xpad, geo, (ho, wo), 1) if xp is np and m == 1 and c >= WINDOWS_MIN_CHANNELS else None
+        if view is not None:
+            _weight_gradient_windows(ws, view[:, :, :, 0], grad, gw4)
+        else:
+            _weight_gradient_taps(ws, xpad, g, gw4, geo)
     if gx is None:
         return
     long_rows = _long_rows(xp, m, geo)
