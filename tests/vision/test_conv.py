@@ -245,7 +245,7 @@ def test_pytorch_initialisation_bounds() -> None:
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("kwargs", [dict(kernel_size=3, padding=1), dict(kernel_size=3, stride=2, depth_multiplier=2),
                                     dict(kernel_size=(3, 2), dilation=2, padding=(2, 1), bias=False)], ids=str)
-def test_depthwise(kwargs: dict[str, Any], layout: str, rng: np.random.Generator) -> None:
+def test_depthwise(kwargs: dict[str, Any], layout: str, rng: np.random.Generator, depthwise_path: str) -> None:
     op = DepthwiseConv2d(3, **kwargs, layout=layout)
     assert op.weight.shape == (3 * kwargs.get("depth_multiplier", 1), 1, *op.kernel_size)
     x = rng.standard_normal((2, 3, 7, 6))

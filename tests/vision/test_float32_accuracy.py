@@ -86,7 +86,7 @@ def test_convolution_bias_gradient(layout: str, rng: np.random.Generator, nf_bac
     assert errors["bias"] <= pairwise_bound(2 * 256 * 256), errors
 
 
-def test_depthwise_weight_gradient(rng: np.random.Generator, nf_backend: Backend) -> None:
+def test_depthwise_weight_gradient(rng: np.random.Generator, nf_backend: Backend, depthwise_path: str) -> None:
     """Each tap's weight gradient sums window·gradient over N·H·W = 131,072 positions."""
     shape = (8, 128, 128, 4)
     errors = float32_against_float64(DepthwiseConv2d(4, 3, padding=1, layout="NHWC"), _offset_normal(rng, shape, 1.0),

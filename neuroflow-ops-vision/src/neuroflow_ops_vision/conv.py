@@ -300,10 +300,8 @@ class Conv2d(ChannelsLastOperator):
         workspace: list[tuple[int, ...]] = [self.weight.shape, self.weight.shape]  # weight matrix, its gradient
         ph, pw = self.padding
         if self._depthwise:
-            if ph or pw:
-                workspace.append((n, h + 2 * ph, w + 2 * pw, c))
-            # the last: the weight gradient's per-pixel sums over the batch
-            workspace += [out_nhwc, (n, out_hw[0], out_hw[1], c), (out_hw[0], out_hw[1], self.out_channels)]
+            workspace += conv_depthwise.workspace_shapes(self.xp, (n, h, w, c), out_nhwc, self.geometry,
+                                                         self.weight.data.dtype)
         elif not self.geometry.pointwise:
             chunk = self.chunk_size((n, h, w, c))
             if ph or pw:

@@ -24,10 +24,22 @@ has its W and C axes as one contiguous run: the tap's weights tiled W times
 then make numpy's inner loop W·C elements long instead of C (at 32 channels
 the loop's per-call overhead, not the arithmetic, took the time). The same
 products in the same order: bit for bit the C-long loops' result.
+
+With numba installed (the extra ``neuroflow-ops-vision[numba]``), a numpy
+depthwise convolution with one filter per channel in float32 or float64 runs
+compiled loops instead (:mod:`neuroflow_ops_vision.conv_depthwise_numba`):
+no padded copy, no per-tap passes over memory. ``NEUROFLOW_NUMBA=0`` (or
+:func:`use_numba`) keeps the numpy code, which stays the reference.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
+import os
+import warnings
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -46,6 +58,61 @@ from neuroflow_ops_vision.workspace import Workspace
 #: stride 2 1.7 vs 2.1; batch 1: 12×12×384 0.21 vs 0.34, 48×48×32 0.51 vs 0.47; backward, batch 16:
 #: 48×48×32 7.0 vs 9.5, 12×12×384 4.4 vs 7.4; weight gradient alone at (8, 128, 128, 4) 3.2 vs 2.9.
 WINDOWS_MIN_CHANNELS = 32
+
+_numba_wanted = os.environ.get("NEUROFLOW_NUMBA", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def use_numba(flag: bool) -> None:
+    """Run depthwise convolutions with numba's compiled loops (where numba is installed) or with numpy alone."""
+    global _numba_wanted
+    _numba_wanted = bool(flag)
+
+
+@functools.cache
+def load_numba_kernels() -> ModuleType | None:
+    """The compiled kernels' module, imported (and numba with it) on first use; None without a working numba."""
+    if importlib.util.find_spec("numba") is None:
+        return None
+    try:
+        return importlib.import_module("neuroflow_ops_vision.conv_depthwise_numba")
+    except ImportError as error:  # e.g. a numba release that refuses this numpy
+        warnings.warn(f"depthwise convolutions run on numpy alone: numba could not be imported ({error})",
+                      RuntimeWarning, stacklevel=2)
+        return None
+
+
+def numba_kernels(xp: Any, m: int, dtype: Any) -> ModuleType | None:
+    """The numba kernels when they run a depthwise convolution of ``dtype`` with ``m`` filters per channel on
+    ``xp``: numpy, one filter per channel, float32 or float64, numba installed and not turned off; else None."""
+    if not _numba_wanted or xp is not np or m != 1 or np.dtype(dtype) not in (np.float32, np.float64):
+        return None
+    return load_numba_kernels()
+
+
+def _sweep(geo: Geometry) -> tuple[int, int, int, int, int, int]:
+    return (*geo.stride, *geo.padding, *geo.dilation)
+
+
+def _taps(ws: Workspace, w4: Any) -> Any:
+    """The weight (C, 1, kh, kw) as contiguous (kh, kw, C): each tap's C weights one run, as the kernels read them."""
+    taps = ws("depthwise.taps", (w4.shape[2], w4.shape[3], w4.shape[0]), w4.dtype)
+    np.copyto(taps, w4[:, 0].transpose(1, 2, 0))
+    return taps
+
+
+def workspace_shapes(xp: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...], geo: Geometry,
+                     dtype: Any) -> list[tuple[int, ...]]:
+    """The transient buffers a forward and backward take for an NHWC input ``x_shape`` and output ``y_shape``
+    (the planner's declaration of them)."""
+    n, h, w, c = x_shape
+    ho, wo, out = y_shape[1], y_shape[2], y_shape[3]
+    kh, kw = geo.kernel
+    if numba_kernels(xp, out // c, dtype) is not None:
+        return [(kh, kw, c), (n * ho, kh, kw, c)]  # contiguous taps; the weight gradient's per-row sums
+    (ph, pw) = geo.padding
+    padded = [(n, h + 2 * ph, w + 2 * pw, c)] if ph or pw else []
+    # a tap's product in forward and in backward; the last: the weight gradient's per-pixel sums over the batch
+    return padded + [y_shape, (n, ho, wo, c), (ho, wo, out)]
 
 
 def _padded(ws: Workspace, x: Any, geo: Geometry, role: str = "depthwise.xpad") -> Any:
@@ -84,6 +151,12 @@ def forward(ws: Workspace, x: Any, w4: Any, y: Any, geo: Geometry) -> None:
     xp = ws.xp
     n, ho, wo, _ = y.shape
     c, m = w4.shape[0], w4.shape[1]
+    kernels = numba_kernels(xp, m, y.dtype)
+    if kernels is not None:
+        taps, sweep = _taps(ws, w4), _sweep(geo)
+        for_chunks(n * ho, lambda lo, hi: kernels.forward_rows(x, taps, y, lo, hi, *sweep),
+                   y.size * taps.shape[0] * taps.shape[1] * 2)
+        return
     xpad = _padded(ws, x, geo)
     long_rows = _long_rows(xp, m, geo)
     if xp is np and m == 1 and (c >= WINDOWS_MIN_CHANNELS or not long_rows):
@@ -172,6 +245,10 @@ def backward(ws: Workspace, x: Any, grad: Any, w4: Any, gw4: Any | None, gx: Any
     xp = ws.xp
     n, ho, wo, _ = grad.shape
     c, m = w4.shape[0], w4.shape[1]
+    kernels = numba_kernels(xp, m, grad.dtype)
+    if kernels is not None:
+        _backward_numba(kernels, ws, x, grad, w4, gw4, gx, geo)
+        return
     g = grad if m == 1 else grad.reshape(n, ho, wo, c, m)
     if gw4 is not None:
         xpad = _padded(ws, x, geo)
@@ -219,3 +296,21 @@ def backward(ws: Workspace, x: Any, grad: Any, w4: Any, gw4: Any | None, gx: Any
             into += part
 
     over_batch(xp, x.shape[0], run, gx.size * (1 + 4 * len(clips)), gx[0].nbytes + t[0].nbytes)
+
+
+def _backward_numba(kernels: ModuleType, ws: Workspace, x: Any, grad: Any, w4: Any, gw4: Any | None, gx: Any | None,
+                    geo: Geometry) -> None:
+    """:func:`backward` with the compiled kernels: the weight gradient as per-output-row sums added blocked (as
+    :func:`_weight_gradient_windows` adds them), the input gradient gathered row by row."""
+    n, ho, wo, c = grad.shape
+    kh, kw = geo.kernel
+    sweep = _sweep(geo)
+    work = grad.size * kh * kw * 2
+    if gw4 is not None:
+        per_row = ws("depthwise.gw_row", (n * ho, kh, kw, c), grad.dtype)
+        for_chunks(n * ho, lambda lo, hi: kernels.weight_gradient_rows(x, grad, per_row, lo, hi, *sweep), work)
+        total = sum_rows(np, per_row.reshape(n * ho, kh * kw * c))
+        np.copyto(gw4[:, 0], total.reshape(kh, kw, c).transpose(2, 0, 1))
+    if gx is not None:
+        taps = _taps(ws, w4)
+        for_chunks(n * x.shape[1], lambda lo, hi: kernels.input_gradient_rows(grad, taps, gx, lo, hi, *sweep), work)

@@ -1,0 +1,118 @@
+"""Depthwise convolution kernels compiled by numba: forward, input gradient and the weight gradient's row sums.
+
+numpy runs a depthwise convolution as kh·kw broadcast passes over the whole
+map (or one ``einsum`` over strided windows), each reading and writing
+memory; these loops read each input row once per tap while the output row
+stays in L1, and skip the padding instead of copying the map into a padded
+buffer. Every output element gets the same products added in the same tap
+order as numpy's loop over taps (no fused multiply-add), so float32 results
+agree with it to rounding and float64 ones to 1e-15.
+
+Each kernel runs over a range of rows and releases the GIL, so
+:mod:`neuroflow.backends.cpu_parallel` splits the rows between the cores
+exactly as it splits the numpy passes; a row is written by one chunk only,
+so the result does not depend on the thread count.
+
+Importing this module imports numba (about half a second); the op imports
+it on its first depthwise call (see :mod:`neuroflow_ops_vision.conv_depthwise`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+
+# Every kernel is compiled with nogil=True (cpu_parallel's threads run chunks at once) and cache=True (compiled
+# once per machine, in __pycache__ or NUMBA_CACHE_DIR, not once per process: about 2 s for the three).
+
+
+@numba.njit(inline="always")
+def _span(offset: int, stride: int, size: int, count: int) -> tuple[int, int]:
+    """The output positions o in [lo, hi) whose input position o·stride + offset lies in [0, size)."""
+    lo = 0 if offset >= 0 else (stride - 1 - offset) // stride
+    last = size - 1 - offset
+    hi = last // stride + 1 if last >= 0 else 0
+    return lo, min(hi, count)
+
+
+@numba.njit(nogil=True, cache=True)
+def forward_rows(x: Any, taps: Any, y: Any, lo: int, hi: int, sh: int, sw: int, ph: int, pw: int, dh: int,
+                 dw: int) -> None:
+    """Rows ``lo:hi`` of ``y`` (N, Ho, Wo, C) viewed as N·Ho rows: the convolution of ``x`` (N, H, W, C) with
+    ``taps`` (kh, kw, C)."""
+    h, w, c = x.shape[1], x.shape[2], x.shape[3]
+    kh, kw = taps.shape[0], taps.shape[1]
+    ho, wo = y.shape[1], y.shape[2]
+    for r in range(lo, hi):
+        n, oh = r // ho, r % ho
+        out = y[n, oh]
+        out[:, :] = 0
+        for i in range(kh):
+            ih = oh * sh - ph + i * dh
+            if ih < 0 or ih >= h:
+                continue
+            row = x[n, ih]
+            for j in range(kw):
+                offset = j * dw - pw
+                first, stop = _span(offset, sw, w, wo)
+                tap = taps[i, j]
+                for ow in range(first, stop):
+                    src, dst = row[ow * sw + offset], out[ow]
+                    for k in range(c):
+                        dst[k] += src[k] * tap[k]
+
+
+@numba.njit(nogil=True, cache=True)
+def input_gradient_rows(g: Any, taps: Any, gx: Any, lo: int, hi: int, sh: int, sw: int, ph: int, pw: int, dh: int,
+                        dw: int) -> None:
+    """Rows ``lo:hi`` of ``gx`` (N, H, W, C) viewed as N·H rows: the gradient of the input from ``g``
+    (N, Ho, Wo, C); each input row gathers from the output rows whose windows cover it."""
+    h, w, c = gx.shape[1], gx.shape[2], gx.shape[3]
+    kh, kw = taps.shape[0], taps.shape[1]
+    ho, wo = g.shape[1], g.shape[2]
+    for r in range(lo, hi):
+        n, ih = r // h, r % h
+        out = gx[n, ih]
+        out[:, :] = 0
+        for i in range(kh):
+            reach = ih + ph - i * dh  # = oh·sh for the output row oh that tap row i reads this row from
+            if reach < 0 or reach % sh != 0 or reach // sh >= ho:
+                continue
+            grow = g[n, reach // sh]
+            for j in range(kw):
+                offset = j * dw - pw
+                first, stop = _span(offset, sw, w, wo)
+                tap = taps[i, j]
+                for ow in range(first, stop):
+                    src, dst = grow[ow], out[ow * sw + offset]
+                    for k in range(c):
+                        dst[k] += src[k] * tap[k]
+
+
+@numba.njit(nogil=True, cache=True)
+def weight_gradient_rows(x: Any, g: Any, per_row: Any, lo: int, hi: int, sh: int, sw: int, ph: int, pw: int,
+                         dh: int, dw: int) -> None:
+    """Rows ``lo:hi`` of ``per_row`` (N·Ho, kh, kw, C): each output row's Σ over its Wo positions of the input
+    under tap (i, j) times the gradient ``g`` (N, Ho, Wo, C). The caller sums the rows (blocked)."""
+    h, w, c = x.shape[1], x.shape[2], x.shape[3]
+    kh, kw = per_row.shape[1], per_row.shape[2]
+    ho, wo = g.shape[1], g.shape[2]
+    for r in range(lo, hi):
+        n, oh = r // ho, r % ho
+        sums = per_row[r]
+        sums[:, :, :] = 0
+        grow = g[n, oh]
+        for i in range(kh):
+            ih = oh * sh - ph + i * dh
+            if ih < 0 or ih >= h:
+                continue
+            row = x[n, ih]
+            for j in range(kw):
+                offset = j * dw - pw
+                first, stop = _span(offset, sw, w, wo)
+                acc = sums[i, j]
+                for ow in range(first, stop):
+                    src, grad = row[ow * sw + offset], grow[ow]
+                    for k in range(c):
+                        acc[k] += src[k] * grad[k]
