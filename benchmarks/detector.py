@@ -9,6 +9,8 @@ state dict by name. Three measurements, each NeuroFlow against PyTorch:
   PyTorch: ``zero_grad``, forward, ``torch_yolo_loss`` (YOLOv5's ``ComputeLoss`` for one level, with the
   gains ``DetectionLoss`` uses), ``backward``, ``step``, ``item``. Same weights, same batch: the first
   losses must agree or the run stops.
+- with numba installed, a further contender runs the same NeuroFlow model with its depthwise convolutions on
+  numpy alone (``NEUROFLOW_NUMBA=0``), beside the main one's compiled loops.
 - **inference, batch 1 and batch 16**: decoded boxes (B, 432, 15) from a batch of canvases, the model in
   eval mode. NeuroFlow: ``trainer.predict(x)`` (forward and ``DetectionLoss.predictions``, the YOLOv5
   decode); PyTorch: ``twin(x)`` and the same decode in torch, under ``torch.inference_mode()``.
@@ -42,6 +44,9 @@ import harness
 LR, MOMENTUM = 0.01, 0.9
 BATCH, SIZE, CLASSES, MAX_OBJECTS = 16, 96, 10, 5
 MAIN, TORCH = "NeuroFlow", "PyTorch"
+#: the main contender with its depthwise convolutions on numpy alone (NEUROFLOW_NUMBA=0): present where numba is,
+#: to show what the compiled loops give
+NUMPY_DEPTHWISE = "NeuroFlow, numpy depthwise"
 #: measurement key -> (row label, batch, training)
 MEASUREMENTS = {"train": ("train step, batch 16", BATCH, True), "infer1": ("inference, batch 1", 1, False),
                 "infer16": ("inference, batch 16", BATCH, False)}
@@ -108,11 +113,10 @@ def stepper(name: str, key: str) -> Callable[[], float]:
     _, n, training = MEASUREMENTS[key]
     x, targets = batch_data(BATCH)
     x, targets = x[:n], targets[:n]
-    if name == MAIN:
+    if name in (MAIN, NUMPY_DEPTHWISE):
         trainer = neuroflow_trainer()
-        if training:
-            return lambda: trainer.train_step(x, targets)
-        return lambda: float(trainer.predict(x).sum())
+        run = (lambda: trainer.train_step(x, targets)) if training else (lambda: float(trainer.predict(x).sum()))
+        return run if name == MAIN else numpy_depthwise(run)
     import torch
 
     from neuroflow_ops_vision.models.torch_yolo_twin import torch_yolo_loss
@@ -140,8 +144,25 @@ def stepper(name: str, key: str) -> Callable[[], float]:
     return step
 
 
+def numpy_depthwise(run: Callable[[], float]) -> Callable[[], float]:
+    """``run`` with the depthwise convolutions on numpy alone, the other contenders' setting kept."""
+    from neuroflow_ops_vision import conv_depthwise
+
+    def step() -> float:
+        conv_depthwise.use_numba(False)
+        try:
+            return run()
+        finally:
+            conv_depthwise.use_numba(True)
+
+    return step
+
+
 def contenders() -> list[str]:
-    return [MAIN, TORCH] if importlib.util.find_spec("torch") is not None else [MAIN]
+    names = [MAIN]
+    if importlib.util.find_spec("numba") is not None:
+        names.append(NUMPY_DEPTHWISE)
+    return names + ([TORCH] if importlib.util.find_spec("torch") is not None else [])
 
 
 # ---------------------------------------------------------------------------------------------- children
@@ -260,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     results = [harness.one_process_run(script, t, child) for t in threads]
     separate = [measure_separately(script, t, args) for t in threads] if args.separate_processes else []
     rows = rows_of(results)
-    references = {MAIN: TORCH} if TORCH in contenders() else {}
+    references = {name: TORCH for name in contenders() if name != TORCH} if TORCH in contenders() else {}
     report: dict[str, Any] = {
         "case": "NeuroFlow-YOLO-lite (yolo_lite, 10 classes, 1×96×96)", "contenders": contenders(),
         "settings": {"repeats": args.repeats, "steps": args.steps, "warmup": args.warmup,
