@@ -160,19 +160,25 @@ def test_without_numba_the_numpy_code_runs(monkeypatch: pytest.MonkeyPatch, fres
     np.testing.assert_allclose(op.forward(x).transpose(0, 3, 1, 2), want, atol=1e-12)
 
 
-def test_a_numba_that_fails_to_import_is_reported_once_and_numpy_runs(monkeypatch: pytest.MonkeyPatch,
-                                                                      fresh_kernel_lookup: None) -> None:
+@pytest.mark.parametrize("error", [ImportError("Numba needs NumPy 2.3 or less"),
+                                   RuntimeError("cannot cache function 'forward_rows': no locator available")],
+                         ids=["numpy-too-new", "read-only-install"])
+def test_numba_kernels_that_fail_to_load_are_reported_once_and_numpy_runs(
+        error: Exception, monkeypatch: pytest.MonkeyPatch, fresh_kernel_lookup: None, rng: np.random.Generator) -> None:
     real = importlib.import_module
 
     def refuse(name: str, *args: Any) -> Any:
         if name.endswith("conv_depthwise_numba"):
-            raise ImportError("Numba needs NumPy 2.3 or less")
+            raise error
         return real(name, *args)
 
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
     monkeypatch.setattr(importlib, "import_module", refuse)
-    with pytest.warns(RuntimeWarning, match="numba could not be imported .*NumPy 2.3"):
-        assert conv_depthwise.numba_kernels(np, 1, np.float32) is None
+    op = DepthwiseConv2d(3, 3, padding=1, layout="NHWC", dtype=np.float64)
+    x = rng.standard_normal((2, 5, 5, 3))
+    with pytest.warns(RuntimeWarning, match=f"numba's kernels could not be loaded \\({type(error).__name__}: "):
+        y = op.forward(x)
+    want = conv2d(x.transpose(0, 3, 1, 2), op.weight.data, op.bias.data, op.stride, op.padding, op.dilation, 3)
+    np.testing.assert_allclose(y.transpose(0, 3, 1, 2), want, atol=1e-12)
     assert conv_depthwise.numba_kernels(np, 1, np.float32) is None  # the answer is kept: no second warning
 
 

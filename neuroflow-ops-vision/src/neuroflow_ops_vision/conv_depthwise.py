@@ -75,9 +75,10 @@ def load_numba_kernels() -> ModuleType | None:
         return None
     try:
         return importlib.import_module("neuroflow_ops_vision.conv_depthwise_numba")
-    except ImportError as error:  # e.g. a numba release that refuses this numpy
-        warnings.warn(f"depthwise convolutions run on numpy alone: numba could not be imported ({error})",
-                      RuntimeWarning, stacklevel=2)
+    except Exception as error:  # a numba that refuses this numpy (ImportError), no writable cache (RuntimeError), ...
+        warnings.warn(f"depthwise convolutions run on numpy alone: numba's kernels could not be loaded "
+                      f"({type(error).__name__}: {error}); NEUROFLOW_NUMBA=0 silences this", RuntimeWarning,
+                      stacklevel=2)
         return None
 
 
@@ -190,9 +191,8 @@ def _forward_windows(ws: Workspace, windows: Any, w4: Any, y: Any) -> None:
     """y (N, Ho, Wo, C) = Σ over taps of ``windows`` (N, Ho, Wo, kh, kw, C), a strided view of the padded input,
     times the weights (C, 1, kh, kw): one ``einsum`` per chunk of samples, which reads each window in place and
     writes each output once, where the loop over taps takes two passes over the output per tap."""
-    n, kh, kw, c = windows.shape[0], windows.shape[3], windows.shape[4], windows.shape[5]
-    taps = ws("depthwise.taps", (kh, kw, c), w4.dtype)
-    np.copyto(taps, w4[:, 0].transpose(1, 2, 0))
+    n, kh, kw = windows.shape[0], windows.shape[3], windows.shape[4]
+    taps = _taps(ws, w4)
 
     def run(lo: int, hi: int) -> None:
         np.einsum("nhwijc,ijc->nhwc", windows[lo:hi], taps, out=y[lo:hi])
