@@ -189,3 +189,15 @@ def test_the_environment_variable_turns_the_loops_off_and_import_neuroflow_does_
     off = subprocess.run([sys.executable, "-c", code], env={**os.environ, "NEUROFLOW_NUMBA": "0"}, capture_output=True,
                          text=True, check=True)
     assert off.stdout.split() == ["True", "False"], off.stderr
+
+
+def test_strided_input_and_gradient_arrays(depthwise_path: str, rng: np.random.Generator) -> None:
+    """An NHWC map that is a strided view (a slice of a wider map) and a gradient in another memory order: the same
+    results as contiguous copies give."""
+    op = DepthwiseConv2d(5, 3, stride=2, padding=1, layout="NHWC", dtype=np.float64)
+    x = rng.standard_normal((2, 9, 14, 5))[:, :, ::2, :]
+    gy = np.asfortranarray(rng.standard_normal(op.forward(np.ascontiguousarray(x)).shape))
+    want = run(op, np.ascontiguousarray(x), np.ascontiguousarray(gy))
+    assert not x.flags.c_contiguous and not gy.flags.c_contiguous
+    for got, expected in zip(run(op, x, gy), want, strict=True):
+        np.testing.assert_allclose(got, expected, atol=1e-13)
