@@ -144,9 +144,9 @@ def test_the_numpy_code_runs_where_the_loops_do_not_apply() -> None:
 
 @pytest.fixture
 def fresh_kernel_lookup() -> Iterator[None]:
-    conv_depthwise.load_numba_kernels.cache_clear()
+    conv_depthwise.forget_numba_kernels()
     yield
-    conv_depthwise.load_numba_kernels.cache_clear()
+    conv_depthwise.forget_numba_kernels()
 
 
 def test_without_numba_the_numpy_code_runs(monkeypatch: pytest.MonkeyPatch, fresh_kernel_lookup: None,
@@ -180,6 +180,39 @@ def test_numba_kernels_that_fail_to_load_are_reported_once_and_numpy_runs(
     want = conv2d(x.transpose(0, 3, 1, 2), op.weight.data, op.bias.data, op.stride, op.padding, op.dilation, 3)
     np.testing.assert_allclose(y.transpose(0, 3, 1, 2), want, atol=1e-12)
     assert conv_depthwise.numba_kernels(np, 1, np.float32) is None  # the answer is kept: no second warning
+
+
+@needs_numba
+def test_kernels_that_fail_to_compile_are_reported_and_numpy_runs(monkeypatch: pytest.MonkeyPatch,
+                                                                 fresh_kernel_lookup: None) -> None:
+    kernels = conv_depthwise.load_numba_kernels()
+
+    def fail(dtype: Any) -> None:
+        raise RuntimeError("LLVM ERROR: cannot select")
+
+    monkeypatch.setattr(kernels, "ready", fail)
+    with pytest.warns(RuntimeWarning, match="numba's <f4 kernels could not be compiled \\(RuntimeError: LLVM"):
+        assert conv_depthwise.numba_kernels(np, 1, np.float32) is None
+
+
+@needs_numba
+def test_a_cache_numba_cannot_read_is_rebuilt(tmp_path: Any) -> None:
+    """A crash mid-write or a hostile file in numba's cache made every later run raise inside numba; the kernels
+    now delete such a cache and compile again."""
+    code = ("import numpy as np; from neuroflow_ops_vision import DepthwiseConv2d; "
+            "op = DepthwiseConv2d(4, 3, padding=1, layout='NHWC'); x = np.arange(100.0, dtype=np.float32)"
+            ".reshape(1, 5, 5, 4) / 100; y = op.forward(x); op.backward(y); print(float(op.weight.grad.sum()))")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    first = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", code], env=env, capture_output=True,
+                           text=True, check=True).stdout
+    written = [p for p in tmp_path.rglob("conv_depthwise_numba.*") if p.suffix in (".nbi", ".nbc")]
+    assert written
+    for path in written:
+        path.write_bytes(b"\x80\x04garbage")
+    again = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", code], env=env, capture_output=True,
+                           text=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout == first
 
 
 def test_the_environment_variable_turns_the_loops_off_and_import_neuroflow_does_not_load_numba() -> None:

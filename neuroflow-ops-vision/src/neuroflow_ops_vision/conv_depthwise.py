@@ -82,12 +82,34 @@ def load_numba_kernels() -> ModuleType | None:
         return None
 
 
+@functools.cache
+def _numba_ready(dtype: str) -> ModuleType | None:
+    """The kernels, compiled or loaded for ``dtype`` (see ``conv_depthwise_numba.ready``); None where that fails."""
+    kernels = load_numba_kernels()
+    if kernels is None:
+        return None
+    try:
+        kernels.ready(np.dtype(dtype))
+    except Exception as error:
+        warnings.warn(f"depthwise convolutions run on numpy alone: numba's {dtype} kernels could not be compiled "
+                      f"({type(error).__name__}: {error}); NEUROFLOW_NUMBA=0 silences this", RuntimeWarning,
+                      stacklevel=3)
+        return None
+    return kernels
+
+
+def forget_numba_kernels() -> None:
+    """Look numba and its kernels up again at the next depthwise call (after numba was installed or removed)."""
+    load_numba_kernels.cache_clear()
+    _numba_ready.cache_clear()
+
+
 def numba_kernels(xp: Any, m: int, dtype: Any) -> ModuleType | None:
     """The numba kernels when they run a depthwise convolution of ``dtype`` with ``m`` filters per channel on
     ``xp``: numpy, one filter per channel, float32 or float64, numba installed and not turned off; else None."""
     if not _numba_wanted or xp is not np or m != 1 or np.dtype(dtype) not in (np.float32, np.float64):
         return None
-    return load_numba_kernels()
+    return _numba_ready(np.dtype(dtype).str)
 
 
 def _sweep(geo: Geometry) -> tuple[int, int, int, int, int, int]:
