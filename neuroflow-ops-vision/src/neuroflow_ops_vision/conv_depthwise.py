@@ -74,6 +74,7 @@ def load_numba_kernels() -> ModuleType | None:
     if importlib.util.find_spec("numba") is None:
         return None
     try:
+        # lazy: numba is an optional dependency, and importing it costs half a second and 55 MB
         return importlib.import_module("neuroflow_ops_vision.conv_depthwise_numba")
     except Exception as error:  # a numba that refuses this numpy (ImportError), no writable cache (RuntimeError), ...
         warnings.warn(f"depthwise convolutions run on numpy alone: numba's kernels could not be loaded "
