@@ -9,8 +9,8 @@ state dict by name. Three measurements, each NeuroFlow against PyTorch:
   PyTorch: ``zero_grad``, forward, ``torch_yolo_loss`` (YOLOv5's ``ComputeLoss`` for one level, with the
   gains ``DetectionLoss`` uses), ``backward``, ``step``, ``item``. Same weights, same batch: the first
   losses must agree or the run stops.
-- with numba installed, a further contender runs the same NeuroFlow model with its depthwise convolutions on
-  numpy alone (``NEUROFLOW_NUMBA=0``), beside the main one's compiled loops.
+- with numba installed, a further contender runs the same NeuroFlow model on numpy alone (``NEUROFLOW_NUMBA=0``:
+  no compiled depthwise convolutions or batch normalisations), beside the main one's compiled kernels.
 - **inference, batch 1 and batch 16**: decoded boxes (B, 432, 15) from a batch of canvases, the model in
   eval mode. NeuroFlow: ``trainer.predict(x)`` (forward and ``DetectionLoss.predictions``, the YOLOv5
   decode); PyTorch: ``twin(x)`` and the same decode in torch, under ``torch.inference_mode()``.
@@ -22,6 +22,7 @@ step of each contender alone in its own process, with its peak RSS rise over set
 
     .venv/bin/python benchmarks/detector.py                       # 2 threads, about a minute
     .venv/bin/python benchmarks/detector.py --separate-processes  # + peak RSS rise of a training step
+    .venv/bin/python benchmarks/detector.py --keep-maps           # NeuroFlow keeping every map to backward
     .venv/bin/python benchmarks/detector.py --quick               # smoke test: not a measurement
 """
 
@@ -44,9 +45,11 @@ import harness
 LR, MOMENTUM = 0.01, 0.9
 BATCH, SIZE, CLASSES, MAX_OBJECTS = 16, 96, 10, 5
 MAIN, TORCH = "NeuroFlow", "PyTorch"
-#: the main contender with its depthwise convolutions on numpy alone (NEUROFLOW_NUMBA=0): present where numba is,
-#: to show what the compiled loops give
-NUMPY_DEPTHWISE = "NeuroFlow, numpy depthwise"
+#: the main contender on numpy alone (NEUROFLOW_NUMBA=0: no compiled kernels): present where numba is, to show what
+#: the compiled depthwise convolutions and batch normalisations give
+NUMPY_ONLY = "NeuroFlow, numpy only"
+#: --keep-maps: the NeuroFlow contenders keep every feature map from forward to backward
+KEEP_MAPS = False
 #: measurement key -> (row label, batch, training)
 MEASUREMENTS = {"train": ("train step, batch 16", BATCH, True), "infer1": ("inference, batch 1", 1, False),
                 "infer16": ("inference, batch 16", BATCH, False)}
@@ -81,6 +84,10 @@ def neuroflow_trainer() -> Any:
     from neuroflow_ops_vision.detection.loss import DetectionLoss
 
     model = build_neuroflow()
+    if KEEP_MAPS:
+        for module in model.modules():
+            if isinstance(module, nf.Sequential):
+                module.recompute_outputs = False
     return nf.Trainer(model, DetectionLoss.for_model(model), nf.optim.SGD(lr=LR, momentum=MOMENTUM),
                       batch_size=BATCH, progress=False, seed=0)
 
@@ -113,10 +120,10 @@ def stepper(name: str, key: str) -> Callable[[], float]:
     _, n, training = MEASUREMENTS[key]
     x, targets = batch_data(BATCH)
     x, targets = x[:n], targets[:n]
-    if name in (MAIN, NUMPY_DEPTHWISE):
+    if name in (MAIN, NUMPY_ONLY):
         trainer = neuroflow_trainer()
         run = (lambda: trainer.train_step(x, targets)) if training else (lambda: float(trainer.predict(x).sum()))
-        return run if name == MAIN else numpy_depthwise(run)
+        return run if name == MAIN else numpy_only(run)
     import torch
 
     from neuroflow_ops_vision.models.torch_yolo_twin import torch_yolo_loss
@@ -144,16 +151,16 @@ def stepper(name: str, key: str) -> Callable[[], float]:
     return step
 
 
-def numpy_depthwise(run: Callable[[], float]) -> Callable[[], float]:
-    """``run`` with the depthwise convolutions on numpy alone, the other contenders' setting kept."""
-    from neuroflow_ops_vision import conv_depthwise
+def numpy_only(run: Callable[[], float]) -> Callable[[], float]:
+    """``run`` with every op on numpy alone, the other contenders' setting kept."""
+    from neuroflow_ops_vision import compiled
 
     def step() -> float:
-        conv_depthwise.use_numba(False)
+        compiled.use_numba(False)
         try:
             return run()
         finally:
-            conv_depthwise.use_numba(True)
+            compiled.use_numba(True)
 
     return step
 
@@ -161,7 +168,7 @@ def numpy_depthwise(run: Callable[[], float]) -> Callable[[], float]:
 def contenders() -> list[str]:
     names = [MAIN]
     if importlib.util.find_spec("numba") is not None:
-        names.append(NUMPY_DEPTHWISE)
+        names.append(NUMPY_ONLY)
     return names + ([TORCH] if importlib.util.find_spec("torch") is not None else [])
 
 
@@ -187,8 +194,9 @@ def measure_separately(script: str, threads: int, args: argparse.Namespace) -> d
     workers: dict[str, harness.Worker] = {}
     try:
         for name in contenders():
-            workers[name] = harness.Worker([script, "--child", "--contender", name, "--threads-child", str(threads),
-                                            "--warmup", str(args.warmup)], env=harness.thread_env(threads))
+            argv = [script, "--child", "--contender", name, "--threads-child", str(threads), "--warmup", str(args.warmup)]
+            workers[name] = harness.Worker(argv + (["--keep-maps"] if args.keep_maps else []),
+                                           env=harness.thread_env(threads))
         harness.first_values_agree({name: w.info["first_losses"] for name, w in workers.items()})
         samples = harness.interleave({name: functools.partial(w.run, args.steps) for name, w in workers.items()},
                                      args.repeats, harness.pause_for(threads, args.pause))
@@ -250,6 +258,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"comma-separated, of {', '.join(MEASUREMENTS)} (default all)")
     parser.add_argument("--separate-processes", action="store_true",
                         help="also time each contender's training step alone in its own process, with peak RSS rise")
+    parser.add_argument("--keep-maps", action="store_true",
+                        help="NeuroFlow keeps every feature map from forward to backward (Sequential.recompute_outputs "
+                             "False): what letting the BatchNorm outputs go costs and saves")
     parser.add_argument("--one-process-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads-child", type=int, default=1, help=argparse.SUPPRESS)
@@ -266,7 +277,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global KEEP_MAPS
     args = parse_args(argv)
+    KEEP_MAPS = args.keep_maps
     if args.one_process_child is not None:
         one_process_child(args)
         return 0
@@ -277,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = [int(t) for t in args.threads.split(",")]
     child = ["--repeats", str(args.repeats), "--steps", str(args.steps), "--warmup", str(args.warmup),
              "--measurements", ",".join(args.measurements)] + ([] if args.pause is None else ["--pause", str(args.pause)])
+    child += ["--keep-maps"] if args.keep_maps else []
     load_before = harness.machine_load()
     results = [harness.one_process_run(script, t, child) for t in threads]
     separate = [measure_separately(script, t, args) for t in threads] if args.separate_processes else []

@@ -129,7 +129,7 @@ def test_resnet18_benchmark_times_the_registry_model_in_one_process(monkeypatch)
 
 def test_detector_benchmark_times_training_and_inference_in_one_process():
     done = _run("detector.py", "--quick", "--repeats", "1", "--steps", "1", "--warmup", "0", "--separate-processes")
-    numba = ["NeuroFlow, numpy depthwise"] if importlib.util.find_spec("numba") is not None else []
+    numba = ["NeuroFlow, numpy only"] if importlib.util.find_spec("numba") is not None else []
     names = ["NeuroFlow", *numba, *(["PyTorch"] if HAS_TORCH else [])]
     ratios, throughput, rss = markdown_tables(done.stdout)
     whats = ["train step, batch 16", "inference, batch 1", "inference, batch 16"]

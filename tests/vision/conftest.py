@@ -1,4 +1,4 @@
-"""Shared fixtures of the vision tests: a seeded generator; the depthwise convolution's numpy and numba paths."""
+"""Shared fixtures of the vision tests: a seeded generator; the ops' numpy and numba paths."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from neuroflow_ops_vision import conv_depthwise
+from neuroflow_ops_vision import compiled
 
 
 @pytest.fixture
@@ -19,14 +19,25 @@ def rng() -> np.random.Generator:
 HAS_NUMBA = importlib.util.find_spec("numba") is not None
 
 
+def _on_path(path: str) -> Iterator[str]:
+    if path == "numba" and not HAS_NUMBA:
+        pytest.skip("numba is not installed: pip install 'neuroflow-ops-vision[numba]'")
+    compiled.use_numba(path == "numba")
+    try:
+        yield path
+    finally:
+        compiled.use_numba(True)
+
+
 @pytest.fixture(params=["numpy", "numba"])
 def depthwise_path(request: pytest.FixtureRequest) -> Iterator[str]:
     """Runs a test with depthwise convolutions on numpy alone, then on numba's compiled loops (skipped without
     numba)."""
-    if request.param == "numba" and not HAS_NUMBA:
-        pytest.skip("numba is not installed: pip install 'neuroflow-ops-vision[numba]'")
-    conv_depthwise.use_numba(request.param == "numba")
-    try:
-        yield request.param
-    finally:
-        conv_depthwise.use_numba(True)
+    yield from _on_path(request.param)
+
+
+@pytest.fixture(params=["numpy", "numba"])
+def numba_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Runs a test with every op on its numpy code, then with numba's compiled kernels where an op has them
+    (skipped without numba)."""
+    yield from _on_path(request.param)

@@ -31,14 +31,15 @@ def _randomise(bn: BatchNorm2d, rng: np.random.Generator) -> BatchNorm2d:
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("activation", [None, "relu"])
-def test_gradcheck(layout: str, training: bool, activation: str | None, rng: np.random.Generator) -> None:
+def test_gradcheck(layout: str, training: bool, activation: str | None, numba_path: str,
+                   rng: np.random.Generator) -> None:
     bn = _randomise(BatchNorm2d(3, activation=activation, layout=layout).astype(np.float64), rng)
     bn.train(training)
     gradcheck(bn, to_layout(rng.standard_normal((4, 3, 3, 2)) * 2 + 1, layout))
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_training_normalises_with_batch_statistics(layout: str, rng: np.random.Generator) -> None:
+def test_training_normalises_with_batch_statistics(layout: str, numba_path: str, rng: np.random.Generator) -> None:
     bn = _randomise(BatchNorm2d(4, layout=layout).astype(np.float64), rng)
     x = rng.standard_normal((5, 4, 3, 6)) * 3 + 2
     y = from_layout(bn.forward(to_layout(x, layout)), layout)
@@ -46,7 +47,7 @@ def test_training_normalises_with_batch_statistics(layout: str, rng: np.random.G
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_running_statistics_follow_pytorch(layout: str, rng: np.random.Generator) -> None:
+def test_running_statistics_follow_pytorch(layout: str, numba_path: str, rng: np.random.Generator) -> None:
     """running = 0.9·running + 0.1·batch, with the unbiased batch variance in running_var."""
     bn = BatchNorm2d(3, layout=layout).astype(np.float64)
     mean, var = np.zeros(3), np.ones(3)
@@ -68,7 +69,8 @@ def test_cumulative_average_when_momentum_is_none(rng: np.random.Generator) -> N
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_eval_uses_running_statistics_and_leaves_them(layout: str, rng: np.random.Generator) -> None:
+def test_eval_uses_running_statistics_and_leaves_them(layout: str, numba_path: str,
+                                                     rng: np.random.Generator) -> None:
     bn = _randomise(BatchNorm2d(3, layout=layout).astype(np.float64), rng)
     bn.eval()
     before = bn.running_mean.data.copy(), bn.running_var.data.copy()
@@ -109,7 +111,7 @@ def test_without_running_statistics_eval_uses_the_batch(rng: np.random.Generator
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_fused_relu_equals_relu_after(layout: str, rng: np.random.Generator) -> None:
+def test_fused_relu_equals_relu_after(layout: str, numba_path: str, rng: np.random.Generator) -> None:
     plain = BatchNorm2d(3, layout=layout).astype(np.float64)
     fused = BatchNorm2d(3, activation="relu", layout=layout).astype(np.float64)
     x = to_layout(rng.standard_normal((2, 3, 4, 4)), layout)

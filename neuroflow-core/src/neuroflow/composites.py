@@ -21,6 +21,12 @@ def input_layer(model: Operator) -> Operator | None:
     return None if first is model else first
 
 
+def _skips_input_grad(layer: Operator) -> bool:
+    """Whether ``layer`` returns no input gradient by design: it, or the leaf that first reads its input (a nested
+    chain's), was told its input needs none (the model's first layer)."""
+    return (input_layer(layer) or layer).needs_input_grad is False
+
+
 def report_forward_read(pool: Any, producer: Operator, consumer: Operator, x: Any, y: Any) -> None:
     """Tell a tracing ``pool`` that ``consumer``'s forward read ``x``, ``producer``'s output, and returned ``y``.
 
@@ -31,11 +37,35 @@ def report_forward_read(pool: Any, producer: Operator, consumer: Operator, x: An
         pool.drop(x, y, consumer if consumer.backward_reads_input else None)
 
 
+def _let_go(producer: Operator, consumer: Operator, x: Any) -> bool:
+    """Whether ``x``, ``producer``'s output that ``consumer``'s forward has just read, may be let go until backward:
+    the producer can write it again, and the one op that reads it in backward keeps exactly it as its saved
+    input (so nothing else points at the memory the plan gives away)."""
+    if not producer.writes_output_again():
+        return False
+    keeper = consumer.input_keeper()
+    return keeper is not None and keeper.saved_input is x
+
+
+def _write_again(producer: Operator, consumer: Operator) -> None:
+    """Write ``producer``'s last output again and hand it to ``consumer``'s keeper as its saved input (the producer's
+    own backward reads it too, until the producer is done)."""
+    keeper = consumer.input_keeper()
+    if keeper is None or not producer.writes_output_again():
+        raise RuntimeError(f"{producer!r} → {consumer!r}: the output let go in forward can no longer be written again "
+                           "(the layers changed between forward and backward)")
+    keeper.save_input(producer.write_output_again())
+
+
 class Sequential(Operator):
     """Children applied in order; backward runs them in reverse.
 
     ``Sequential(ops.Linear(784, 128), ops.ReLU(), ops.Linear(128, 10))``
     """
+
+    #: Whether a training step lets go of the outputs its layers can write again (see :meth:`_planned_forward`);
+    #: False keeps every output from forward to backward, for one Sequential (set it on the instance).
+    recompute_outputs: bool = True
 
     def __init__(self, *layers: Operator) -> None:
         super().__init__()
@@ -49,6 +79,7 @@ class Sequential(Operator):
         self._input_shapes: list[tuple[int, ...]] = []
         self._fused: tuple[tuple[Operator, ...], list[Operator]] | None = None  # (layers fused, what runs)
         self._inference: tuple[tuple[Operator, ...], list[Operator]] | None = None  # (the run, folded)
+        self._recomputed: tuple[int, ...] = ()  # the layers whose input the last forward let go
 
     def run_as(self, run: list[Operator]) -> None:
         """Execute ``run`` in place of the layers: the same computation regrouped (activations run inside
@@ -89,8 +120,9 @@ class Sequential(Operator):
     def forward(self, x: Any) -> Any:
         run = self._inference_run if folding.active() else self._run
         pool = self._pool
-        if pool is not None and pool.tracing:
-            return self._traced_forward(x, pool, run)
+        self._recomputed = ()
+        if pool is not None and (pool.tracing or self.training):
+            return self._planned_forward(x, pool, run)
         if debug.enabled():
             self._input_shapes = []
             for layer in run:
@@ -101,33 +133,43 @@ class Sequential(Operator):
             x = layer.forward(x)
         return x
 
-    def _traced_forward(self, x: Any, pool: Any, run: list[Operator]) -> Any:
-        """Forward while the pool traces, each layer's output reported to it as it is read (see
-        :func:`report_forward_read`)."""
+    def _planned_forward(self, x: Any, pool: Any, run: list[Operator]) -> Any:
+        """Forward on a pool's buffers (a Trainer's step). In training, an output that its producer can write
+        again (:meth:`~Operator.writes_output_again`) and that its consumer keeps only as its saved input
+        (:meth:`~Operator.input_keeper`) is let go until backward, which writes it again just before the
+        consumer's: one elementwise pass (a BatchNorm's) buys the memory of a feature map between forward and
+        backward. A tracing pool is told of each output as it is read (see :func:`report_forward_read`)."""
+        tracing = pool.tracing
+        shapes: list[tuple[int, ...]] | None = [] if debug.enabled() else None
+        recomputed: list[int] = []  # the consumers' indices: no arrays kept
         producer: Operator | None = None
-        for layer in run:
+        for index, layer in enumerate(run):
+            if shapes is not None:
+                shapes.append(tuple(x.shape))
             y = layer.forward(x)
             if producer is not None:
-                report_forward_read(pool, producer, layer, x, y)
+                if self.training and self.recompute_outputs and _let_go(producer, layer, x):
+                    recomputed.append(index)
+                    if tracing:
+                        pool.drop(x, y)  # dies now: backward writes it again
+                elif tracing:
+                    report_forward_read(pool, producer, layer, x, y)
             producer, x = layer, y
+        if shapes is not None:
+            self._input_shapes = shapes
+        self._recomputed = tuple(recomputed)
         return x
 
     def backward(self, grad_out: Any) -> Any:
         g = grad_out
         pool = self._pool
         run = self._run
-        if pool is not None and pool.tracing:
-            for layer in reversed(run):
-                produced = layer.backward(g)
-                pool.handoff(g, produced, layer)
-                g = produced
-                if g is None:
-                    break
-            return g
+        if self._recomputed or (pool is not None and pool.tracing):
+            return self._planned_backward(g, pool, run)
         if debug.enabled() and self._input_shapes:
             for layer, shape in zip(reversed(run), reversed(self._input_shapes)):
                 g = layer.backward(g)
-                if g is None and layer.needs_input_grad is False:
+                if g is None and _skips_input_grad(layer):
                     break
                 debug.check_gradient_shape(layer, shape, g)
             return g
@@ -136,6 +178,38 @@ class Sequential(Operator):
             if g is None:  # the first layer skipped its input gradient
                 break
         return g
+
+    def _planned_backward(self, grad_out: Any, pool: Any, run: list[Operator]) -> Any:
+        """Backward after :meth:`_planned_forward`: each output it let go written again before its consumer's
+        backward, each layer's handoff told to a tracing pool."""
+        tracing = pool is not None and pool.tracing
+        again = set(self._recomputed)
+        shapes = self._input_shapes if debug.enabled() and len(self._input_shapes) == len(run) else None
+        g = grad_out
+        for index in reversed(range(len(run))):
+            layer = run[index]
+            if index in again:
+                _write_again(run[index - 1], layer)
+            produced = layer.backward(g)
+            if tracing:
+                pool.handoff(g, produced, layer)
+            if shapes is not None and not (produced is None and _skips_input_grad(layer)):
+                debug.check_gradient_shape(layer, shapes[index], produced)
+            g = produced
+            if g is None:  # the first layer skipped its input gradient
+                break
+        return g
+
+    def writes_output_again(self) -> bool:
+        run = self._run
+        return bool(run) and run[-1].writes_output_again()
+
+    def write_output_again(self) -> Any:
+        return self._run[-1].write_output_again()
+
+    def input_keeper(self) -> Operator | None:
+        run = self._run
+        return run[0].input_keeper() if run else None
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
         shape = tuple(input_shape)

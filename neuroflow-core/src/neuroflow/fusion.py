@@ -68,6 +68,16 @@ class ActivationFused(Operator):
         with self._activated():
             return self.op.backward(grad_out)
 
+    def writes_output_again(self) -> bool:
+        return self.op.writes_output_again()
+
+    def write_output_again(self) -> Any:
+        with self._activated():
+            return self.op.write_output_again()
+
+    def input_keeper(self) -> Operator | None:
+        return self.op.input_keeper()
+
     def memory_declaration(self, input_shape: tuple[int, ...]) -> Any:
         with self._activated():
             return self.op.memory_declaration(input_shape)

@@ -98,8 +98,7 @@ class Operator:
     """
 
     training: bool = True
-    #: Set to False by the runtime on a model's first layer, whose input needs no gradient;
-    #: ops that honour it return None from backward and skip that work.
+    #: False (set by the runtime on a model's first layer): backward may return None and skip the input gradient.
     needs_input_grad: bool = True
     #: Whether backward reads the array forward was given (or a view of it). False lets the memory planner
     #: give the input's memory to later buffers once its producer is done with it too (see Sequential).
@@ -161,13 +160,9 @@ class Operator:
 
     # ----------------------------------------------------------------- what backward reads
     def save_input(self, x: Any) -> None:
-        """Keep ``x`` for backward: the input forward was given, or the view of it that backward reads.
-
-        An op's forward calls this. A composite that let the array's memory go
-        after forward and recomputed it elsewhere calls it too, before the op's
-        backward, with the same values in the same form, so backward reads the
-        copy (``BasicBlock.read_input_from`` in neuroflow-ops-vision).
-        """
+        """Keep ``x`` for backward: the input forward was given, or the view of it that backward reads. An op's
+        forward calls this; a composite that let the array go after forward calls it before the op's backward
+        with a copy written again, same values, same form (Sequential, ``BasicBlock.read_input_from``)."""
         object.__setattr__(self, "_saved_input", x)
 
     @property
@@ -175,6 +170,18 @@ class Operator:
         """The array the last :meth:`save_input` kept; None before the first forward, or for an op that keeps
         its input otherwise. A composite reads it to size a recomputation or to hand it to another child."""
         return self._saved_input
+
+    # ----------------------------------------------------------------- recomputation (see Sequential)
+    def writes_output_again(self) -> bool:  # whether write_output_again can: a parent may let the output go
+        return False
+
+    def write_output_again(self) -> Any:
+        """The last output written again, bit for bit, from what backward keeps anyway, into a buffer of this
+        op's that its backward then reads instead."""
+        raise NotImplementedError(f"{type(self).__name__} cannot write its output again")
+
+    def input_keeper(self) -> Operator | None:  # the op (self or a chain's first) keeping the input as saved_input
+        return None
 
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         """The shape ``forward`` returns for an input of ``input_shape``; raises ShapeError when invalid."""
@@ -331,13 +338,8 @@ class Operator:
         return self._pool.get(self, key, shape, dtype)
 
     def grad_target(self, param: Tensor, key: str) -> tuple[Any, bool]:
-        """Where to write ``param``'s gradient: ``(array, add)``.
-
-        When the runtime guarantees the gradients are zero (one micro-batch
-        per step), that is ``param.grad`` itself and nothing needs adding;
-        otherwise a workspace whose contents must go through
-        :meth:`accumulate_grad`.
-        """
+        """Where to write ``param``'s gradient: ``(array, add)``: ``param.grad`` itself where the runtime guarantees the
+        gradients are zero (one micro-batch per step), else a workspace to pass to :meth:`accumulate_grad`."""
         if self.writes_whole_gradient(param):
             return param.grad, False
         return self.buffer(key, param.shape, param.data.dtype), True
@@ -356,12 +358,8 @@ class Operator:
         return False
 
     def accumulate_grad(self, param: Tensor, value: Any) -> None:
-        """Add ``value`` into ``param.grad`` (allocating it at the first backward).
-
-        Under a Trainer that updates inside backward, a parameter it keeps no
-        gradient for (``param.grad`` None) has its update applied from
-        ``value`` here instead.
-        """
+        """Add ``value`` into ``param.grad`` (allocating it at the first backward); under a Trainer that updates inside
+        backward, a parameter it keeps no gradient for (``param.grad`` None) has its update applied from it here."""
         if not param.requires_grad:
             return
         # a pool of another kind (a test's recorder, a plugin's) may have no sink

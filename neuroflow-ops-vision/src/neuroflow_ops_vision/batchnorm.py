@@ -10,6 +10,10 @@ On numpy those passes run split over the leading axis between the cores
 (:mod:`neuroflow.backends.cpu_parallel`), all passes of a block while it is
 in cache; the reductions keep their order.
 
+On NHWC numpy maps with numba installed, the passes are compiled kernels
+(:mod:`neuroflow_ops_vision.batchnorm_numba`): two over memory each way, the
+statistics in float64; ``NEUROFLOW_NUMBA=0`` keeps the numpy passes.
+
 In a data-parallel run with ``sync_batchnorm=True`` the per-channel sums
 (Σx, Σx², and in backward Σg, Σg·x̂) are summed over the ranks through
 :attr:`~neuroflow.operator.Operator.cross_rank_sum`, one small allreduce each
@@ -21,6 +25,7 @@ training is that of one process with the global batch (PyTorch's
 from __future__ import annotations
 
 import math
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -31,6 +36,7 @@ from neuroflow.errors import ShapeError
 from neuroflow.layout_pass import LayoutOptions
 from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow.tensor import Tensor
+from neuroflow_ops_vision import compiled
 from neuroflow_ops_vision.layout import (
     SAME_LAYOUT,
     LayoutSwitch,
@@ -41,6 +47,8 @@ from neuroflow_ops_vision.layout import (
     layout_options,
 )
 from neuroflow_ops_vision.workspace import Workspace
+
+_KERNELS = "batchnorm_numba"
 
 
 class BatchNorm2d(Operator):
@@ -100,6 +108,7 @@ class BatchNorm2d(Operator):
         self._count = 0  # the values per channel the batch statistics were taken over (all ranks' when summed)
         self._summed: Any = None  # the cross_rank_sum the last training forward used, for its backward
         self._centre: Any = None  # the mean the last forward's output is centred on, where it had to be
+        self._kernels: ModuleType | None = None  # numba's, where the last forward ran them (recompute does too)
 
     # ------------------------------------------------------------------ views
     def _view(self, a: Any) -> Any:
@@ -124,6 +133,14 @@ class BatchNorm2d(Operator):
         """Per-channel Σ a·b in one pass, without a temporary, blocked as :meth:`_sum`."""
         return dot_rows(self.xp, a2, b2) if self.layout == "NHWC" else dot_channels(self.xp, a2, b2)
 
+    def _compiled(self, *rows: Any) -> ModuleType | None:
+        """numba's kernels (:mod:`neuroflow_ops_vision.batchnorm_numba`) where they run on ``rows``, (M, C) views of
+        NHWC maps: on numpy, float32 or float64, C-contiguous, numba installed and wanted; else None."""
+        if self.layout != "NHWC":
+            return None
+        kernels = compiled.kernels(_KERNELS, self.xp, rows[0].dtype)
+        return kernels if kernels is not None and all(a.flags.c_contiguous for a in rows) else None
+
     # ------------------------------------------------------------------ computation
     def forward(self, x: Any, out: Any = None) -> Any:
         """Normalise ``x``; into ``out`` when given (a caller that drops the output and calls :meth:`recompute`)."""
@@ -132,6 +149,7 @@ class BatchNorm2d(Operator):
         count = x.size // self.num_features
         y = self.buffer("y", x.shape, x.dtype) if out is None else out
         y2 = self._view(y)
+        self._kernels = self._compiled(x2, y2)
         batch_stats = self.training or not self.track_running_stats
         # only a training forward joins the other ranks: predict and evaluate run on one rank's own
         self._summed = self.cross_rank_sum if self.training else None
@@ -174,7 +192,12 @@ class BatchNorm2d(Operator):
         (as the next convolution's input) can drop it in between.
         """
         xp, y2, x2 = self.xp, self._view(out), self._view(self.saved_input)
-        scale, shift, relu = self._per_channel(self._scale), self._per_channel(self._shift), self.activation == "relu"
+        relu = self.activation == "relu"
+        if self._kernels is not None and y2.flags.c_contiguous:
+            self._kernels.normalise(x2, self._centre, self._scale, self._shift, relu, y2)
+            self._y = out if self.activation else None
+            return out
+        scale, shift = self._per_channel(self._scale), self._per_channel(self._shift)
         centre = None if self._centre is None else self._per_channel(self._centre)
 
         def run(lo: int, hi: int) -> None:
@@ -192,6 +215,15 @@ class BatchNorm2d(Operator):
         self._y = out if self.activation else None
         return out
 
+    def writes_output_again(self) -> bool:
+        return True  # recompute(): one pass over the input backward keeps anyway
+
+    def write_output_again(self) -> Any:
+        x = self.saved_input
+        if x is None:
+            raise RuntimeError(f"{self!r}.write_output_again called before forward")
+        return self.recompute(self.buffer("recomputed.output", x.shape, x.dtype))
+
     def _batch_statistics(self, x2: Any, spare: Any, count: int,
                           shape: tuple[int, ...]) -> tuple[Any, Any, int, bool]:
         """Per-channel mean and biased variance, the values per channel they are over, and whether the output
@@ -205,7 +237,10 @@ class BatchNorm2d(Operator):
         that on the same global values, so they all take the second pass or none does.
         """
         xp = self.xp
-        total, squares = self._sum(x2), self._dot(x2, x2)
+        if self._kernels is not None:  # in float64: var = E[x²] − mean² keeps its digits far longer
+            total, squares = self._kernels.statistics(x2)
+        else:
+            total, squares = self._sum(x2), self._dot(x2, x2)
         if self._summed is not None:
             (total, squares), count = self._sum_over_ranks(total, squares, count=count)
         if count < 2:
@@ -257,21 +292,27 @@ class BatchNorm2d(Operator):
         mean, invstd, batch_stats, y = self._mean, self._invstd, self._batch_stats, self._y
         check_grad(self, grad_out, x.shape)
         xp = self.xp
+        # numba's two passes where forward ran them (a gradient in another memory order takes numpy's)
+        kernels = self._kernels if batch_stats and grad_out.flags.c_contiguous else None
         with Workspace(self, "backward") as ws:
-            g = grad_out
-            if y is not None:  # fused ReLU: the gradient passes where the output is positive
-                mask = ws("batchnorm.mask", y.shape, bool)
-                g = ws("batchnorm.g", y.shape, y.dtype)
+            g, x2, y2 = grad_out, self._view(x), None if y is None else self._view(y)
+            if kernels is not None:
+                g2 = self._view(g)
+                gbeta, gdot = kernels.gradient_statistics(g2, y2, x2)  # float64, the mask read from y as they go
+            else:
+                if y is not None:  # fused ReLU: the gradient passes where the output is positive
+                    mask = ws("batchnorm.mask", y.shape, bool)
+                    g = ws("batchnorm.g", y.shape, y.dtype)
 
-                def masked(lo: int, hi: int) -> None:
-                    xp.greater(y[lo:hi], 0, out=mask[lo:hi])
-                    xp.multiply(grad_out[lo:hi], mask[lo:hi], out=g[lo:hi])
+                    def masked(lo: int, hi: int) -> None:
+                        xp.greater(y[lo:hi], 0, out=mask[lo:hi])
+                        xp.multiply(grad_out[lo:hi], mask[lo:hi], out=g[lo:hi])
 
-                self._passes(g, masked, 4)
-            g2, x2 = self._view(g), self._view(x)
+                    self._passes(g, masked, 4)
+                g2 = self._view(g)
+                gbeta, gdot = self._sum(g2), self._dot(g2, x2)
             count = self._count
-            gbeta = self._sum(g2)
-            gxhat_sum = (self._dot(g2, x2) - mean * gbeta) * invstd  # Σ g·x̂ per channel
+            gxhat_sum = (gdot - mean * gbeta) * invstd  # Σ g·x̂ per channel
             if self.affine:  # this rank's rows' share: the gradient exchange sums the ranks' shares
                 self.accumulate_grad(self.weight, gxhat_sum.astype(x.dtype, copy=False))
                 self.accumulate_grad(self.bias, gbeta.astype(x.dtype, copy=False))
@@ -289,6 +330,9 @@ class BatchNorm2d(Operator):
             c = -a * gbeta / count - b * mean
             bb, cc = self._per_channel(b.astype(x.dtype, copy=False)), self._per_channel(c.astype(x.dtype, copy=False))
             aa = self._per_channel(a.astype(x.dtype, copy=False))
+            if kernels is not None:
+                kernels.input_gradient(g2, y2, x2, aa, bb, cc, gx2)
+                return gx
             # the masked gradient is our workspace, read for the last time here: scale it in place
             t = g2 if y is not None else ws("batchnorm.t", gx2.shape, x.dtype)
 

@@ -176,6 +176,10 @@ class Conv2d(ChannelsLastOperator):
             self.save_input(xh)  # NHWC: what backward reads
             return self._from_nhwc(y, self.output_layout, "y")
 
+    def input_keeper(self) -> Conv2d:
+        """This op: backward reads the input only as :attr:`saved_input` (the input itself where it is NHWC)."""
+        return self
+
     def backward(self, grad_out: Any) -> Any:
         x = self.saved_input
         if x is None:

@@ -34,11 +34,6 @@ no padded copy, no per-tap passes over memory. ``NEUROFLOW_NUMBA=0`` (or
 
 from __future__ import annotations
 
-import functools
-import importlib
-import importlib.util
-import os
-import warnings
 from types import ModuleType
 from typing import Any
 
@@ -46,6 +41,7 @@ import numpy as np
 
 from neuroflow.backends.cpu_parallel import for_chunks, over_batch
 from neuroflow.backends.reductions import sum_rows
+from neuroflow_ops_vision import compiled
 from neuroflow_ops_vision.conv_gemm import padded_shape, transposed
 from neuroflow_ops_vision.windows import Geometry, pad_into, window_view
 from neuroflow_ops_vision.workspace import Workspace
@@ -59,58 +55,20 @@ from neuroflow_ops_vision.workspace import Workspace
 #: 48×48×32 7.0 vs 9.5, 12×12×384 4.4 vs 7.4; weight gradient alone at (8, 128, 128, 4) 3.2 vs 2.9.
 WINDOWS_MIN_CHANNELS = 32
 
-_numba_wanted = os.environ.get("NEUROFLOW_NUMBA", "1").strip().lower() not in ("0", "false", "no", "off")
+_KERNELS = "conv_depthwise_numba"
+use_numba = compiled.use_numba  # one switch for every op's compiled kernels
+forget_numba_kernels = compiled.forget
 
 
-def use_numba(flag: bool) -> None:
-    """Run depthwise convolutions with numba's compiled loops (where numba is installed) or with numpy alone."""
-    global _numba_wanted
-    _numba_wanted = bool(flag)
-
-
-@functools.cache
 def load_numba_kernels() -> ModuleType | None:
     """The compiled kernels' module, imported (and numba with it) on first use; None without a working numba."""
-    if importlib.util.find_spec("numba") is None:
-        return None
-    try:
-        # lazy: numba is an optional dependency, and importing it costs half a second and 55 MB
-        return importlib.import_module("neuroflow_ops_vision.conv_depthwise_numba")
-    except Exception as error:  # a numba that refuses this numpy (ImportError), no writable cache (RuntimeError), ...
-        warnings.warn(f"depthwise convolutions run on numpy alone: numba's kernels could not be loaded "
-                      f"({type(error).__name__}: {error}); NEUROFLOW_NUMBA=0 silences this", RuntimeWarning,
-                      stacklevel=2)
-        return None
-
-
-@functools.cache
-def _numba_ready(dtype: str) -> ModuleType | None:
-    """The kernels, compiled or loaded for ``dtype`` (see ``conv_depthwise_numba.ready``); None where that fails."""
-    kernels = load_numba_kernels()
-    if kernels is None:
-        return None
-    try:
-        kernels.ready(np.dtype(dtype))
-    except Exception as error:
-        warnings.warn(f"depthwise convolutions run on numpy alone: numba's {dtype} kernels could not be compiled "
-                      f"({type(error).__name__}: {error}); NEUROFLOW_NUMBA=0 silences this", RuntimeWarning,
-                      stacklevel=3)
-        return None
-    return kernels
-
-
-def forget_numba_kernels() -> None:
-    """Look numba and its kernels up again at the next depthwise call (after numba was installed or removed)."""
-    load_numba_kernels.cache_clear()
-    _numba_ready.cache_clear()
+    return compiled.load(_KERNELS)
 
 
 def numba_kernels(xp: Any, m: int, dtype: Any) -> ModuleType | None:
     """The numba kernels when they run a depthwise convolution of ``dtype`` with ``m`` filters per channel on
     ``xp``: numpy, one filter per channel, float32 or float64, numba installed and not turned off; else None."""
-    if not _numba_wanted or xp is not np or m != 1 or np.dtype(dtype) not in (np.float32, np.float64):
-        return None
-    return _numba_ready(np.dtype(dtype).str)
+    return compiled.kernels(_KERNELS, xp, dtype) if m == 1 else None
 
 
 def _sweep(geo: Geometry) -> tuple[int, int, int, int, int, int]:

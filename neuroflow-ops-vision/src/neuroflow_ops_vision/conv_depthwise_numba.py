@@ -19,11 +19,12 @@ it on its first depthwise call (see :mod:`neuroflow_ops_vision.conv_depthwise`).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numba
 import numpy as np
+
+from neuroflow_ops_vision import compiled
 
 # Every kernel is compiled with nogil=True (cpu_parallel's threads run chunks at once) and cache=True (compiled
 # once per machine, in __pycache__ or NUMBA_CACHE_DIR, not once per process: about 2 s for the three).
@@ -121,23 +122,9 @@ def weight_gradient_rows(x: Any, g: Any, per_row: Any, lo: int, hi: int, sh: int
 
 
 def ready(dtype: Any) -> None:
-    """Compile or load the kernels for C-contiguous ``dtype`` arrays now, by running each once on a tiny map.
-
-    A cache numba cannot read (a file cut short by a crash mid-write, a disk error, a hostile file) makes numba
-    raise on every later run; such a cache is deleted and the kernels compiled again. Raises what the second
-    attempt raises.
-    """
-    try:
-        _run_each(dtype)
-    except Exception:
-        directory = forward_rows.stats.cache_path
-        if directory is None or not os.path.isdir(directory):
-            raise
-        prefix = __name__.rsplit(".", 1)[-1] + "."  # this module's files: conv_depthwise_numba.<kernel>-<line>...
-        for name in os.listdir(directory):
-            if name.startswith(prefix) and name.endswith((".nbi", ".nbc")):
-                os.remove(os.path.join(directory, name))
-        _run_each(dtype)
+    """Compile or load the kernels for C-contiguous ``dtype`` arrays now, by running each once on a tiny map (an
+    unreadable cache is rebuilt: :func:`neuroflow_ops_vision.compiled.heal_cache`)."""
+    compiled.heal_cache(__name__.rsplit(".", 1)[-1], forward_rows, lambda: _run_each(dtype))
 
 
 def _run_each(dtype: Any) -> None:

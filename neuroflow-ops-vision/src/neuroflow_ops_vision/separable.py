@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from neuroflow.layout_pass import LayoutOptions
-from neuroflow.operator import MemoryDeclaration
+from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow_ops_vision.conv import Conv2d, check_positive
 from neuroflow_ops_vision.layout import (
     SAME_LAYOUT,
@@ -116,6 +116,10 @@ class SeparableConv2d(ChannelsLastOperator):
         depthwise = self.depthwise.forward(self._to_nhwc(x, self.layout, "x_nhwc"))
         y = self.pointwise.forward(depthwise) if affine is None else self.pointwise.forward_affine(depthwise, *affine)
         return self._from_nhwc(y, self.layout, "y")
+
+    def input_keeper(self) -> Operator | None:
+        """The depthwise convolution, which keeps the input as given when it is NHWC already."""
+        return self.depthwise.input_keeper()
 
     def backward(self, grad_out: Any) -> Any:
         with Workspace(self, "backward") as ws:

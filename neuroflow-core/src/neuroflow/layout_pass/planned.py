@@ -47,6 +47,16 @@ class LayoutPlanned(Operator):
         with self.placement():
             return self.op.memory_declaration(input_shape)
 
+    def writes_output_again(self) -> bool:
+        return self.op.writes_output_again()
+
+    def write_output_again(self) -> Any:
+        with self.placement():
+            return self.op.write_output_again()
+
+    def input_keeper(self) -> Operator | None:
+        return self.op.input_keeper()
+
     # the op's side of inference folding (neuroflow.folding), in the layouts the plan chose
     @property
     def folds_affine(self) -> bool:
