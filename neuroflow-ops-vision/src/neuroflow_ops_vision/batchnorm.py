@@ -134,8 +134,7 @@ class BatchNorm2d(Operator):
         return dot_rows(self.xp, a2, b2) if self.layout == "NHWC" else dot_channels(self.xp, a2, b2)
 
     def _compiled(self, *rows: Any) -> ModuleType | None:
-        """numba's kernels (:mod:`neuroflow_ops_vision.batchnorm_numba`) where they run on ``rows``, (M, C) views of
-        NHWC maps: on numpy, float32 or float64, C-contiguous, numba installed and wanted; else None."""
+        """numba's kernels where they run ``rows``, (M, C) views of NHWC numpy maps, C-contiguous; else None."""
         if self.layout != "NHWC":
             return None
         kernels = compiled.kernels(_KERNELS, self.xp, rows[0].dtype)
@@ -186,11 +185,8 @@ class BatchNorm2d(Operator):
         return invstd, scale.astype(dtype, copy=False), shift.astype(dtype, copy=False)
 
     def recompute(self, out: Any) -> Any:
-        """Write the last forward's output into ``out`` again, bit for bit, from the cached input.
-
-        One elementwise pass: a parent that needs the output in backward
-        (as the next convolution's input) can drop it in between.
-        """
+        """Write the last forward's output into ``out`` again, bit for bit, from the cached input: one elementwise
+        pass, so a parent that needs the output in backward (a convolution's input) can drop it in between."""
         xp, y2, x2 = self.xp, self._view(out), self._view(self.saved_input)
         relu = self.activation == "relu"
         if self._kernels is not None and y2.flags.c_contiguous:
@@ -215,14 +211,14 @@ class BatchNorm2d(Operator):
         self._y = out if self.activation else None
         return out
 
-    def writes_output_again(self) -> bool:
-        return True  # recompute(): one pass over the input backward keeps anyway
+    def writes_output_again(self) -> bool:  # recompute(): one pass over the input backward keeps anyway
+        return True
 
     def write_output_again(self) -> Any:
         x = self.saved_input
         if x is None:
             raise RuntimeError(f"{self!r}.write_output_again called before forward")
-        return self.recompute(self.buffer("recomputed.output", x.shape, x.dtype))
+        return self.recompute(self.buffer("recomputed.output", x.shape, x.dtype))  # the output's shape is x's
 
     def _batch_statistics(self, x2: Any, spare: Any, count: int,
                           shape: tuple[int, ...]) -> tuple[Any, Any, int, bool]:
@@ -242,7 +238,7 @@ class BatchNorm2d(Operator):
         else:
             total, squares = self._sum(x2), self._dot(x2, x2)
         if self._summed is not None:
-            (total, squares), count = self._sum_over_ranks(total, squares, count=count)
+            (total, squares), count = sum_over_ranks(self, self._summed, total, squares, count=count)
         if count < 2:
             over = " over all ranks" if self._summed is not None else ""
             raise ShapeError(f"{self!r} got input of shape {shape}: training needs more than one value per channel"
@@ -255,26 +251,11 @@ class BatchNorm2d(Operator):
             xp.subtract(x2, self._per_channel(mean), out=spare)
             offset, centred = self._sum(spare), self._dot(spare, spare)
             if self._summed is not None:
-                (offset, centred), _ = self._sum_over_ranks(offset, centred)
+                (offset, centred), _ = sum_over_ranks(self, self._summed, offset, centred)
             offset = offset / count
             var = xp.maximum(centred / count - offset * offset, 0)
             return mean + offset, var, count, True
         return mean, var, count, False
-
-    def _sum_over_ranks(self, *sums: Any, count: int = 0) -> tuple[list[Any], int]:
-        """Per-channel ``sums`` summed over the ranks (:attr:`cross_rank_sum`), as this op's arrays, and ``count``
-        summed alike: one float64 vector, one allreduce."""
-        backend, c = self.backend, self.num_features
-        local = np.empty(len(sums) * c + 1)
-        for i, part in enumerate(sums):
-            local[i * c:(i + 1) * c] = backend.to_host(part)
-        local[-1] = count
-        summed = np.asarray(self._summed(local), dtype=np.float64)
-        if summed.shape != local.shape:
-            raise ShapeError(f"{self!r}: cross_rank_sum returned shape {summed.shape} for {local.shape}")
-        dtype = sums[0].dtype
-        parts = [backend.from_host(summed[i * c:(i + 1) * c].astype(dtype)) for i in range(len(sums))]
-        return parts, int(round(summed[-1]))
 
     def _update_running(self, mean: Any, var: Any, count: int) -> None:
         self.num_batches_tracked += 1
@@ -317,7 +298,7 @@ class BatchNorm2d(Operator):
                 self.accumulate_grad(self.weight, gxhat_sum.astype(x.dtype, copy=False))
                 self.accumulate_grad(self.bias, gbeta.astype(x.dtype, copy=False))
             if self._summed is not None:  # every rank's rows moved the statistics: their sums
-                (gbeta, gxhat_sum), _ = self._sum_over_ranks(gbeta, gxhat_sum)
+                (gbeta, gxhat_sum), _ = sum_over_ranks(self, self._summed, gbeta, gxhat_sum)
             gamma = self.weight.data if self.affine else 1.0
             a = gamma * invstd
             gx = self.buffer("gx", x.shape, x.dtype)
@@ -367,12 +348,32 @@ class BatchNorm2d(Operator):
         }
 
     def __repr__(self) -> str:
-        extra = "".join((
-            f", eps={self.eps:g}" if not math.isclose(self.eps, 1e-5) else "",
-            f", momentum={self.momentum}" if self.momentum != 0.1 else "",
-            ", affine=False" if not self.affine else "",
-            ", track_running_stats=False" if not self.track_running_stats else "",
-            f", activation={self.activation!r}" if self.activation else "",
-            ", NHWC" if self.layout == "NHWC" else "",
-        ))
-        return f"BatchNorm2d({self.num_features}{extra})"
+        return f"BatchNorm2d({self.num_features}{_options_text(self)})"
+
+
+def sum_over_ranks(bn: BatchNorm2d, summed_over_ranks: Any, *sums: Any, count: int = 0) -> tuple[list[Any], int]:
+    """``bn``'s per-channel ``sums`` summed over the ranks by ``summed_over_ranks`` (the ``cross_rank_sum`` its last
+    training forward used), as its backend's arrays, and ``count`` summed alike: one float64 vector, one allreduce."""
+    backend, c = bn.backend, bn.num_features
+    local = np.empty(len(sums) * c + 1)
+    for i, part in enumerate(sums):
+        local[i * c:(i + 1) * c] = backend.to_host(part)
+    local[-1] = count
+    summed = np.asarray(summed_over_ranks(local), dtype=np.float64)
+    if summed.shape != local.shape:
+        raise ShapeError(f"{bn!r}: cross_rank_sum returned shape {summed.shape} for {local.shape}")
+    dtype = sums[0].dtype
+    parts = [backend.from_host(summed[i * c:(i + 1) * c].astype(dtype)) for i in range(len(sums))]
+    return parts, int(round(summed[-1]))
+
+
+def _options_text(bn: BatchNorm2d) -> str:
+    """The arguments of ``bn``'s repr past the channel count: those that differ from the defaults."""
+    return "".join((
+        f", eps={bn.eps:g}" if not math.isclose(bn.eps, 1e-5) else "",
+        f", momentum={bn.momentum}" if bn.momentum != 0.1 else "",
+        ", affine=False" if not bn.affine else "",
+        ", track_running_stats=False" if not bn.track_running_stats else "",
+        f", activation={bn.activation!r}" if bn.activation else "",
+        ", NHWC" if bn.layout == "NHWC" else "",
+    ))
