@@ -23,6 +23,7 @@ step of each contender alone in its own process, with its peak RSS rise over set
     .venv/bin/python benchmarks/detector.py                       # 2 threads, about a minute
     .venv/bin/python benchmarks/detector.py --separate-processes  # + peak RSS rise of a training step
     .venv/bin/python benchmarks/detector.py --keep-maps           # NeuroFlow keeping every map to backward
+    .venv/bin/python benchmarks/detector.py --measurements train --separate-processes --warm-process  # RSS, code out
     .venv/bin/python benchmarks/detector.py --quick               # smoke test: not a measurement
 """
 
@@ -115,11 +116,12 @@ def torch_decode(output: Any, anchors: np.ndarray, stride: int) -> Any:
     return torch.cat((centre - size / 2, centre + size / 2, p[..., 4:]), -1).reshape(batch, -1, channels // count)
 
 
-def stepper(name: str, key: str) -> Callable[[], float]:
-    """One step of contender ``name`` for measurement ``key``; returns its loss (training) or a checksum."""
+def stepper(name: str, key: str, rows: int | None = None) -> Callable[[], float]:
+    """One step of contender ``name`` for measurement ``key`` (on the first ``rows`` canvases of its batch where
+    given); returns its loss (training) or a checksum."""
     _, n, training = MEASUREMENTS[key]
     x, targets = batch_data(BATCH)
-    x, targets = x[:n], targets[:n]
+    x, targets = x[:rows or n], targets[:rows or n]
     if name in (MAIN, NUMPY_ONLY):
         trainer = neuroflow_trainer()
         run = (lambda: trainer.train_step(x, targets)) if training else (lambda: float(trainer.predict(x).sum()))
@@ -187,7 +189,10 @@ def one_process_child(args: argparse.Namespace) -> None:
 def worker(args: argparse.Namespace) -> None:
     """One contender's training step alone in this process: RSS through its first steps, then timed blocks."""
     name, threads = args.contender, args.threads_child
-    harness.start_worker(stepper(name, "train"), args.warmup, harness.worker_info(name, threads, name == TORCH))
+    info = harness.worker_info(name, threads, name == TORCH)
+    if args.warm_process:  # code loaded on first use (numba's kernels, PyTorch's lazy set-up) goes into setup
+        stepper(name, "train", rows=2)()
+    harness.start_worker(stepper(name, "train"), args.warmup, info)
 
 
 def measure_separately(script: str, threads: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -195,7 +200,8 @@ def measure_separately(script: str, threads: int, args: argparse.Namespace) -> d
     try:
         for name in contenders():
             argv = [script, "--child", "--contender", name, "--threads-child", str(threads), "--warmup", str(args.warmup)]
-            workers[name] = harness.Worker(argv + (["--keep-maps"] if args.keep_maps else []),
+            argv += ["--keep-maps"] if args.keep_maps else []
+            workers[name] = harness.Worker(argv + (["--warm-process"] if args.warm_process else []),
                                            env=harness.thread_env(threads))
         harness.first_values_agree({name: w.info["first_losses"] for name, w in workers.items()})
         samples = harness.interleave({name: functools.partial(w.run, args.steps) for name, w in workers.items()},
@@ -261,6 +267,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-maps", action="store_true",
                         help="NeuroFlow keeps every feature map from forward to backward (Sequential.recompute_outputs "
                              "False): what letting the BatchNorm outputs go costs and saves")
+    parser.add_argument("--warm-process", action="store_true",
+                        help="with --separate-processes: each worker first takes a training step of its own model at "
+                             "batch 2, so the RSS rise leaves out code loaded on first use (numba, PyTorch's set-up)")
     parser.add_argument("--one-process-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads-child", type=int, default=1, help=argparse.SUPPRESS)

@@ -128,7 +128,8 @@ def test_resnet18_benchmark_times_the_registry_model_in_one_process(monkeypatch)
 
 
 def test_detector_benchmark_times_training_and_inference_in_one_process():
-    done = _run("detector.py", "--quick", "--repeats", "1", "--steps", "1", "--warmup", "0", "--separate-processes")
+    done = _run("detector.py", "--quick", "--repeats", "1", "--steps", "1", "--warmup", "0", "--separate-processes",
+                "--warm-process")
     numba = ["NeuroFlow, numpy only"] if importlib.util.find_spec("numba") is not None else []
     names = ["NeuroFlow", *numba, *(["PyTorch"] if HAS_TORCH else [])]
     ratios, throughput, rss = markdown_tables(done.stdout)
@@ -144,6 +145,13 @@ def test_detector_benchmark_times_training_and_inference_in_one_process():
     summary = json_line(done.stdout)
     assert summary["benchmark"] == "detector" and [r["what"] for r in summary["results"]] == whats
     assert set(summary["rss_rise_kb"][0]) == set(names)
+
+
+def test_detector_benchmark_keeps_the_maps_when_asked():
+    """--keep-maps runs the same contenders (whose first losses the run checks against each other)."""
+    args = ("--quick", "--repeats", "1", "--steps", "1", "--warmup", "0", "--measurements", "train")
+    kept, let_go = (json_line(_run("detector.py", *args, *extra).stdout) for extra in (("--keep-maps",), ()))
+    assert list(kept["results"][0]["median_ms"]) == list(let_go["results"][0]["median_ms"])
 
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
