@@ -224,3 +224,37 @@ def test_the_traced_steps_memory_is_released_by_the_first_step(monkeypatch) -> N
         assert reservations and all(ref() is None for ref in reservations)
     finally:
         gc.enable()
+
+
+def test_a_separable_convolutions_depthwise_map_dies_with_the_pointwise_backward() -> None:
+    """Inside SeparableConv2d, as in a chain: the depthwise output (the pointwise's input) is dead once the
+    pointwise's backward is done, before the depthwise's backward asks for its input gradient."""
+    from neuroflow.memory.profile import trace_step
+    from neuroflow_ops_vision import SeparableConv2d
+
+    nf.manual_seed(0)
+    separable = SeparableConv2d(8, 16, 3, padding=1, layout="NHWC")
+    model = nf.Sequential(nf.ops.Conv2d(3, 8, 3, padding=1, output_layout="NHWC"), separable,
+                          nf.ops.GlobalAvgPool2d(layout="NHWC"), nf.ops.Linear(16, 10))
+    slots = trace_step(model, nf.losses.CrossEntropy(), (4, 3, 12, 12))
+    mid = next(s for s in slots if s.owner is separable.depthwise and s.key == "y")
+    gx = next(s for s in slots if s.owner is separable.depthwise and s.key == "gx")
+    assert mid.end < gx.start, (mid.end, gx.start)
+
+
+def test_a_concat_branch_output_its_backward_does_not_read_dies_once_copied() -> None:
+    """ChannelConcat copies its branches' outputs: an Upsample's (whose backward reads only shapes) dies at the
+    concat's forward; a branch that reads its output in backward (a fused ReLU's mask) keeps it."""
+    from neuroflow.memory.profile import trace_step
+    from neuroflow_ops_vision import BatchNorm2d, ChannelConcat, Upsample
+
+    nf.manual_seed(0)
+    up = Upsample(scale_factor=2, layout="NHWC")
+    norm = BatchNorm2d(8, activation="relu", layout="NHWC")
+    concat = ChannelConcat(nf.Sequential(nf.ops.MaxPool2d(2, layout="NHWC"), up), nf.Sequential(norm), layout="NHWC")
+    model = nf.Sequential(nf.ops.Conv2d(3, 8, 3, padding=1, output_layout="NHWC"), concat,
+                          nf.ops.GlobalAvgPool2d(layout="NHWC"), nf.ops.Linear(16, 10))
+    slots = trace_step(model, nf.losses.CrossEntropy(), (4, 3, 12, 12))
+    backward_starts = min(s.start for s in slots if s.phase == "backward")
+    assert next(s for s in slots if s.owner is up and s.key == "y").end < backward_starts
+    assert next(s for s in slots if s.owner is norm and s.key == "y").end > backward_starts

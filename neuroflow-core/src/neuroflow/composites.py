@@ -307,6 +307,11 @@ class Concat(Operator):
         shape[self.axis] = sum(self._sizes)
         y = self.buffer("y", tuple(shape), outs[0].dtype)
         self.xp.concatenate(outs, axis=self.axis, out=y)
+        pool = self._pool
+        if pool is not None and pool.tracing:  # copied: an output its branch's backward does not read dies now
+            for branch, out in zip(self.branches, outs, strict=True):
+                if not branch.backward_reads_output:
+                    pool.drop(out, y)
         return y
 
     def backward(self, grad_out: Any) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow.composites import report_forward_read
 from neuroflow.layout_pass import LayoutOptions
 from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow_ops_vision.conv import Conv2d, check_positive
@@ -115,6 +116,9 @@ class SeparableConv2d(ChannelsLastOperator):
         check_feature_map(self, x, self.in_channels, self.layout)
         depthwise = self.depthwise.forward(self._to_nhwc(x, self.layout, "x_nhwc"))
         y = self.pointwise.forward(depthwise) if affine is None else self.pointwise.forward_affine(depthwise, *affine)
+        pool = self.buffer_pool
+        if pool is not None and pool.tracing:  # as a chain: the depthwise output dies with the pointwise's backward
+            report_forward_read(pool, self.depthwise, self.pointwise, depthwise, y)
         return self._from_nhwc(y, self.layout, "y")
 
     def input_keeper(self) -> Operator | None:
@@ -122,8 +126,16 @@ class SeparableConv2d(ChannelsLastOperator):
         return self.depthwise.input_keeper()
 
     def backward(self, grad_out: Any) -> Any:
+        pool: Any = self.buffer_pool
+        tracing = pool is not None and pool.tracing
         with Workspace(self, "backward") as ws:
-            gx = self.depthwise.backward(self.pointwise.backward(self._to_nhwc(grad_out, self.layout, "g_nhwc", ws)))
+            g = self._to_nhwc(grad_out, self.layout, "g_nhwc", ws)
+            g_depthwise = self.pointwise.backward(g)
+            if tracing:  # each child's end, as a chain reports it: its buffers and the gradient it read die now
+                pool.handoff(g, g_depthwise, self.pointwise)
+            gx = self.depthwise.backward(g_depthwise)
+            if tracing:
+                pool.handoff(g_depthwise, gx, self.depthwise)
             return None if gx is None else self._from_nhwc(gx, self.layout, "gx")
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:

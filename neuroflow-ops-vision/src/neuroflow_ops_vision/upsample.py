@@ -59,6 +59,9 @@ def interpolation_matrix(size_in: int, size_out: int, mode: str, align_corners: 
 class Upsample(Operator):
     """Resizes H and W by ``scale_factor`` or to ``size``; ``mode`` is "nearest" or "bilinear"."""
 
+    backward_reads_input = False  # backward reads the shapes alone: the planner may give both maps away
+    backward_reads_output = False
+
     def __init__(self, scale_factor: float | tuple[float, float] | None = None, size: int | tuple[int, int] | None = None,
                  mode: str = "nearest", align_corners: bool | None = None, layout: str = "NCHW") -> None:
         super().__init__()
