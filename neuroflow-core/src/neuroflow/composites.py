@@ -37,24 +37,14 @@ def report_forward_read(pool: Any, producer: Operator, consumer: Operator, x: An
         pool.drop(x, y, consumer if consumer.backward_reads_input else None)
 
 
-def _let_go(producer: Operator, consumer: Operator, x: Any) -> bool:
-    """Whether ``x``, ``producer``'s output that ``consumer``'s forward has just read, may be let go until backward:
-    the producer can write it again, and the one op that reads it in backward keeps exactly it as its saved
-    input (so nothing else points at the memory the plan gives away)."""
+def _keeper_to_refill(producer: Operator, consumer: Operator, x: Any) -> Operator | None:
+    """The op to hand ``x`` again in backward when ``x``, ``producer``'s output that ``consumer``'s forward has just
+    read, may be let go until then: the producer can write it again, and the one op that reads it in backward keeps
+    exactly it as its saved input (so nothing else points at the memory the plan gives away); else None."""
     if not producer.writes_output_again():
-        return False
+        return None
     keeper = consumer.input_keeper()
-    return keeper is not None and keeper.saved_input is x
-
-
-def _write_again(producer: Operator, consumer: Operator) -> None:
-    """Write ``producer``'s last output again and hand it to ``consumer``'s keeper as its saved input (the producer's
-    own backward reads it too, until the producer is done)."""
-    keeper = consumer.input_keeper()
-    if keeper is None or not producer.writes_output_again():
-        raise RuntimeError(f"{producer!r} → {consumer!r}: the output let go in forward can no longer be written again "
-                           "(the layers changed between forward and backward)")
-    keeper.save_input(producer.write_output_again())
+    return keeper if keeper is not None and keeper.saved_input is x else None
 
 
 class Sequential(Operator):
@@ -79,7 +69,7 @@ class Sequential(Operator):
         self._input_shapes: list[tuple[int, ...]] = []
         self._fused: tuple[tuple[Operator, ...], list[Operator]] | None = None  # (layers fused, what runs)
         self._inference: tuple[tuple[Operator, ...], list[Operator]] | None = None  # (the run, folded)
-        self._recomputed: tuple[int, ...] = ()  # the layers whose input the last forward let go
+        self._recomputed: tuple[tuple[int, Operator], ...] = ()  # (layer, keeper) whose input forward let go
 
     def run_as(self, run: list[Operator]) -> None:
         """Execute ``run`` in place of the layers: the same computation regrouped (activations run inside
@@ -141,19 +131,21 @@ class Sequential(Operator):
         backward. A tracing pool is told of each output as it is read (see :func:`report_forward_read`)."""
         tracing = pool.tracing
         shapes: list[tuple[int, ...]] | None = [] if debug.enabled() else None
-        recomputed: list[int] = []  # the consumers' indices: no arrays kept
+        recomputed: list[tuple[int, Operator]] = []  # (consumer's index, its keeper): no arrays kept
         producer: Operator | None = None
         for index, layer in enumerate(run):
             if shapes is not None:
                 shapes.append(tuple(x.shape))
             y = layer.forward(x)
-            if producer is not None:
-                if self.training and self.recompute_outputs and _let_go(producer, layer, x):
-                    recomputed.append(index)
-                    if tracing:
-                        pool.drop(x, y)  # dies now: backward writes it again
-                elif tracing:
-                    report_forward_read(pool, producer, layer, x, y)
+            keeper = None
+            if producer is not None and self.training and self.recompute_outputs:
+                keeper = _keeper_to_refill(producer, layer, x)
+            if keeper is not None:
+                recomputed.append((index, keeper))
+                if tracing:
+                    pool.drop(x, y)  # dies now: backward writes it again
+            elif tracing and producer is not None:
+                report_forward_read(pool, producer, layer, x, y)
             producer, x = layer, y
         if shapes is not None:
             self._input_shapes = shapes
@@ -183,13 +175,13 @@ class Sequential(Operator):
         """Backward after :meth:`_planned_forward`: each output it let go written again before its consumer's
         backward, each layer's handoff told to a tracing pool."""
         tracing = pool is not None and pool.tracing
-        again = set(self._recomputed)
+        again = dict(self._recomputed)
         shapes = self._input_shapes if debug.enabled() and len(self._input_shapes) == len(run) else None
         g = grad_out
         for index in reversed(range(len(run))):
             layer = run[index]
-            if index in again:
-                _write_again(run[index - 1], layer)
+            if index in again:  # the producer's output, written again, for the keeper and the producer's backward
+                again[index].save_input(run[index - 1].write_output_again())
             produced = layer.backward(g)
             if tracing:
                 pool.handoff(g, produced, layer)
