@@ -191,23 +191,22 @@ class BatchNorm2d(Operator):
         relu = self.activation == "relu"
         if self._kernels is not None and y2.flags.c_contiguous:
             self._kernels.normalise(x2, self._centre, self._scale, self._shift, relu, y2)
-            self._y = out if self.activation else None
-            return out
-        scale, shift = self._per_channel(self._scale), self._per_channel(self._shift)
-        centre = None if self._centre is None else self._per_channel(self._centre)
+        else:
+            scale, shift = self._per_channel(self._scale), self._per_channel(self._shift)
+            centre = None if self._centre is None else self._per_channel(self._centre)
 
-        def run(lo: int, hi: int) -> None:
-            part = y2[lo:hi]
-            if centre is None:
-                xp.multiply(x2[lo:hi], scale, out=part)
-            else:  # x·scale would round to ulps of mean·scale, no longer small against the output
-                xp.subtract(x2[lo:hi], centre, out=part)
-                part *= scale
-            part += shift
-            if relu:
-                xp.maximum(part, 0, out=part)
+            def run(lo: int, hi: int) -> None:
+                part = y2[lo:hi]
+                if centre is None:
+                    xp.multiply(x2[lo:hi], scale, out=part)
+                else:  # x·scale would round to ulps of mean·scale, no longer small against the output
+                    xp.subtract(x2[lo:hi], centre, out=part)
+                    part *= scale
+                part += shift
+                if relu:
+                    xp.maximum(part, 0, out=part)
 
-        self._passes(y2, run, 5 if relu else 3)
+            self._passes(y2, run, 5 if relu else 3)
         self._y = out if self.activation else None
         return out
 
@@ -234,7 +233,8 @@ class BatchNorm2d(Operator):
         """
         xp = self.xp
         if self._kernels is not None:  # in float64: var = E[x²] − mean² keeps its digits far longer
-            total, squares = self._kernels.statistics(x2)
+            with Workspace(self, "forward") as ws:
+                total, squares = self._kernels.statistics(x2, ws)
         else:
             total, squares = self._sum(x2), self._dot(x2, x2)
         if self._summed is not None:
@@ -279,7 +279,7 @@ class BatchNorm2d(Operator):
             g, x2, y2 = grad_out, self._view(x), None if y is None else self._view(y)
             if kernels is not None:
                 g2 = self._view(g)
-                gbeta, gdot = kernels.gradient_statistics(g2, y2, x2)  # float64, the mask read from y as they go
+                gbeta, gdot = kernels.gradient_statistics(g2, y2, x2, ws)  # float64, the mask read from y as they go
             else:
                 if y is not None:  # fused ReLU: the gradient passes where the output is positive
                     mask = ws("batchnorm.mask", y.shape, bool)

@@ -22,6 +22,7 @@ call (see :mod:`neuroflow_ops_vision.compiled`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numba
@@ -29,10 +30,16 @@ import numpy as np
 
 from neuroflow.backends.cpu_parallel import for_chunks
 from neuroflow_ops_vision import compiled
+from neuroflow_ops_vision.workspace import scratch
 
 #: Rows per partial sum: the partial sums of a (16, 48, 48, 32) map take 74 KB, and a block's 8,192 values
 #: (at 32 channels) are a few microseconds of work.
 ROWS_PER_BLOCK = 256
+
+#: where the sums take their workspace: a ``Workspace``'s call, ``ws(role, shape, dtype)``
+Workspaces = Callable[[str, tuple[int, ...], Any], np.ndarray]
+#: the kernels' 0 per dtype, as a one-element array (numba keeps the maps' dtype where a Python 0 would widen it)
+_ZERO = {np.dtype(t): np.zeros(1, t) for t in (np.float32, np.float64)}
 
 # Every kernel is compiled with nogil=True (cpu_parallel's threads run chunks at once) and cache=True (compiled
 # once per machine, in __pycache__ or NUMBA_CACHE_DIR, not once per process).
@@ -93,24 +100,24 @@ def gradient_rows(g: Any, y: Any, x: Any, masked: bool, a: Any, b: Any, c: Any, 
             out[k] = (xrow[k] * b[k] + c[k]) + gk * a[k]
 
 
-def _sums(u: np.ndarray, v: np.ndarray, y: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Σu and Σu·v per channel (float64) of (M, C) arrays, u masked by ``y`` where given: :func:`block_sums` over
-    the blocks split between the threads, then the blocks' sums added in order."""
+def _sums(u: np.ndarray, v: np.ndarray, y: np.ndarray | None, ws: Workspaces) -> tuple[np.ndarray, np.ndarray]:
+    """Σu and Σu·v per channel (float64) of (M, C) arrays, u masked by ``y`` where given: :func:`block_sums` into a
+    workspace of ``ws`` (two sums per channel per block of rows) over the blocks split between the threads, then the
+    blocks' sums added in order."""
     m, c = u.shape
-    blocks = -(-m // ROWS_PER_BLOCK)
-    partial = np.empty((2, blocks, c))
+    partial = ws("batchnorm.partial", (2, -(-m // ROWS_PER_BLOCK), c), np.float64)
     masked, y = y is not None, u if y is None else y
 
     def run(lo: int, hi: int) -> None:
         block_sums(u, v, y, masked, ROWS_PER_BLOCK, lo, hi, partial[0], partial[1])
 
-    for_chunks(blocks, run, (3 if masked else 2) * u.size)
+    for_chunks(partial.shape[1], run, (3 if masked else 2) * u.size)
     return partial[0].sum(axis=0), partial[1].sum(axis=0)
 
 
-def statistics(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Σx and Σx² per channel of ``x`` (M, C), C-contiguous, as float64 vectors."""
-    return _sums(x, x, None)
+def statistics(x: np.ndarray, ws: Workspaces) -> tuple[np.ndarray, np.ndarray]:
+    """Σx and Σx² per channel of ``x`` (M, C), C-contiguous, as float64 vectors (their blocks' sums in ``ws``)."""
+    return _sums(x, x, None, ws)
 
 
 def normalise(x: np.ndarray, centre: np.ndarray | None, scale: np.ndarray, shift: np.ndarray, relu: bool,
@@ -118,21 +125,22 @@ def normalise(x: np.ndarray, centre: np.ndarray | None, scale: np.ndarray, shift
     """``y`` = the BatchNorm output of ``x`` (both (M, C), C-contiguous) with per-channel ``scale`` and ``shift``
     of their dtype, from ``x − centre`` where ``centre`` is given, through the fused ReLU with ``relu``."""
     empty = scale[:0]
-    floor = np.zeros(1, y.dtype) if relu else empty
+    floor = _ZERO[y.dtype] if relu else empty
     centre = empty if centre is None else centre
     for_chunks(x.shape[0], lambda lo, hi: normalise_rows(x, centre, scale, shift, floor, y, lo, hi), 2 * x.size)
 
 
-def gradient_statistics(g: np.ndarray, y: np.ndarray | None, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def gradient_statistics(g: np.ndarray, y: np.ndarray | None, x: np.ndarray,
+                        ws: Workspaces) -> tuple[np.ndarray, np.ndarray]:
     """Σg and Σg·x per channel (float64), g masked by the fused ReLU's output ``y`` where given."""
-    return _sums(g, x, y)
+    return _sums(g, x, y, ws)
 
 
 def input_gradient(g: np.ndarray, y: np.ndarray | None, x: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray,
                    gx: np.ndarray) -> None:
     """``gx`` = a·g + b·x + c per channel (``a``, ``b``, ``c`` of the maps' dtype), g masked by ``y`` where given."""
     masked, y = y is not None, x if y is None else y
-    floor = np.zeros(1, gx.dtype)
+    floor = _ZERO[gx.dtype]
     for_chunks(x.shape[0], lambda lo, hi: gradient_rows(g, y, x, masked, a, b, c, floor, gx, lo, hi), 4 * x.size)
 
 
@@ -145,9 +153,13 @@ def ready(dtype: Any) -> None:
 def _run_each(dtype: np.dtype) -> None:
     x = np.ones((3, 2), dtype)
     vector, out = np.ones(2, dtype), np.empty((3, 2), dtype)
-    statistics(x)
+
+    def ws(role: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        return scratch(np, role, shape, dtype)
+
+    statistics(x, ws)
     normalise(x, None, vector, vector, True, out)
     normalise(x, vector, vector, vector, False, out)
-    gradient_statistics(x, x, x)
-    gradient_statistics(x, None, x)
+    gradient_statistics(x, x, x, ws)
+    gradient_statistics(x, None, x, ws)
     input_gradient(x, x, x, vector, vector, vector, out)
