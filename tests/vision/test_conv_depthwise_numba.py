@@ -63,13 +63,13 @@ def test_matches_the_direct_loops_on_both_paths(geometry: dict[str, Any], channe
 def test_forward_and_backward_run_the_compiled_loops(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator) -> None:
     kernels = conv_depthwise.load_numba_kernels()
     calls: list[str] = []
-    for name in ("forward_rows", "weight_gradient_rows", "input_gradient_rows"):
+    for name in ("forward_rows", "weight_gradient_blocks", "input_gradient_rows"):
         real = getattr(kernels, name)
         monkeypatch.setattr(kernels, name, lambda *a, _real=real, _name=name: (calls.append(_name), _real(*a)))
     op = DepthwiseConv2d(8, 3, padding=1, layout="NHWC")
     x = rng.standard_normal((2, 6, 6, 8)).astype(np.float32)
     op.backward(op.forward(x))
-    assert sorted(set(calls)) == ["forward_rows", "input_gradient_rows", "weight_gradient_rows"]
+    assert sorted(set(calls)) == ["forward_rows", "input_gradient_rows", "weight_gradient_blocks"]
 
 
 @needs_numba
@@ -122,7 +122,8 @@ def test_results_do_not_depend_on_the_thread_count(rng: np.random.Generator) -> 
 def test_memory_declaration_lists_the_compiled_loops_buffers() -> None:
     op = DepthwiseConv2d(8, 3, stride=2, padding=1, layout="NHWC")
     declared = op.memory_declaration((4, 10, 10, 8)).workspace
-    assert (3, 3, 8) in declared and (4 * 5, 3, 3, 8) in declared  # taps; per-row weight-gradient sums
+    # taps; the weight gradient's sums over 5 blocks of 4 of the 4·5 output rows (and each block's row being summed)
+    assert (3, 3, 8) in declared and (5, 2, 3, 3, 8) in declared
     assert (4, 12, 12, 8) not in declared  # no padded copy of the input
     conv_depthwise.use_numba(False)
     try:

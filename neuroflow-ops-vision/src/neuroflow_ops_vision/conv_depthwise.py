@@ -34,6 +34,7 @@ no padded copy, no per-tap passes over memory. ``NEUROFLOW_NUMBA=0`` (or
 
 from __future__ import annotations
 
+import math
 from types import ModuleType
 from typing import Any
 
@@ -71,6 +72,14 @@ def numba_kernels(xp: Any, m: int, dtype: Any) -> ModuleType | None:
     return compiled.kernels(_KERNELS, xp, dtype) if m == 1 else None
 
 
+def gradient_blocks(rows: int) -> tuple[int, int]:
+    """(rows per block, blocks) for the compiled weight gradient over ``rows`` output rows: about √rows each, so a
+    value passes through about Wo + 2·√rows additions, the bound of :func:`~neuroflow.backends.reductions.sum_rows`
+    over per-row sums, with a workspace of about √rows rows instead of ``rows``."""
+    per_block = max(math.isqrt(rows), 1)
+    return per_block, -(-rows // per_block)
+
+
 def _sweep(geo: Geometry) -> tuple[int, int, int, int, int, int]:
     return (*geo.stride, *geo.padding, *geo.dilation)
 
@@ -90,7 +99,7 @@ def workspace_shapes(xp: Any, x_shape: tuple[int, ...], y_shape: tuple[int, ...]
     ho, wo, out = y_shape[1], y_shape[2], y_shape[3]
     kh, kw = geo.kernel
     if numba_kernels(xp, out // c, dtype) is not None:
-        return [(kh, kw, c), (n * ho, kh, kw, c)]  # contiguous taps; the weight gradient's per-row sums
+        return [(kh, kw, c), (gradient_blocks(n * ho)[1], 2, kh, kw, c)]  # contiguous taps; the weight gradient's sums
     (ph, pw) = geo.padding
     padded = [(n, h + 2 * ph, w + 2 * pw, c)] if ph or pw else []
     # a tap's product in forward and in backward; the last: the weight gradient's per-pixel sums over the batch
@@ -281,16 +290,17 @@ def backward(ws: Workspace, x: Any, grad: Any, w4: Any, gw4: Any | None, gx: Any
 
 def _backward_numba(kernels: ModuleType, ws: Workspace, x: Any, grad: Any, w4: Any, gw4: Any | None, gx: Any | None,
                     geo: Geometry) -> None:
-    """:func:`backward` with the compiled kernels: the weight gradient as per-output-row sums added blocked (as
-    :func:`_weight_gradient_windows` adds them), the input gradient gathered row by row."""
+    """:func:`backward` with the compiled kernels: the weight gradient as sums over blocks of output rows (each
+    row summed whole first; :func:`gradient_blocks`) added blocked, the input gradient gathered row by row."""
     n, ho, wo, c = grad.shape
     kh, kw = geo.kernel
     sweep = _sweep(geo)
     work = grad.size * kh * kw * 2
     if gw4 is not None:
-        per_row = ws("depthwise.gw_row", (n * ho, kh, kw, c), grad.dtype)
-        for_chunks(n * ho, lambda lo, hi: kernels.weight_gradient_rows(x, grad, per_row, lo, hi, *sweep), work)
-        total = sum_rows(np, per_row.reshape(n * ho, kh * kw * c))
+        rows, count = gradient_blocks(n * ho)
+        sums = ws("depthwise.gw_blocks", (count, 2, kh, kw, c), grad.dtype)
+        for_chunks(count, lambda lo, hi: kernels.weight_gradient_blocks(x, grad, sums, lo, hi, rows, *sweep), work)
+        total = sum_rows(np, sums[:, 0].reshape(count, kh * kw * c))
         np.copyto(gw4[:, 0], total.reshape(kh, kw, c).transpose(2, 0, 1))
     if gx is not None:
         taps = _taps(ws, w4)

@@ -1,4 +1,4 @@
-"""Depthwise convolution kernels compiled by numba: forward, input gradient and the weight gradient's row sums.
+"""Depthwise convolution kernels compiled by numba: forward, input gradient and the weight gradient's block sums.
 
 numpy runs a depthwise convolution as kh·kw broadcast passes over the whole
 map (or one ``einsum`` over strided windows), each reading and writing
@@ -94,31 +94,41 @@ def input_gradient_rows(g: Any, taps: Any, gx: Any, lo: int, hi: int, sh: int, s
 
 
 @numba.njit(nogil=True, cache=True)
-def weight_gradient_rows(x: Any, g: Any, per_row: Any, lo: int, hi: int, sh: int, sw: int, ph: int, pw: int,
-                         dh: int, dw: int) -> None:
-    """Rows ``lo:hi`` of ``per_row`` (N·Ho, kh, kw, C): each output row's Σ over its Wo positions of the input
-    under tap (i, j) times the gradient ``g`` (N, Ho, Wo, C). The caller sums the rows (blocked)."""
+def weight_gradient_blocks(x: Any, g: Any, sums: Any, lo: int, hi: int, rows: int, sh: int, sw: int, ph: int, pw: int,
+                           dh: int, dw: int) -> None:
+    """Blocks ``lo:hi`` of ``sums`` (blocks, 2, kh, kw, C): ``sums[b, 0]`` is the Σ over the output rows
+    ``b·rows`` to ``(b+1)·rows`` (of N·Ho) of each row's Σ over its Wo positions of the input under tap (i, j)
+    times the gradient ``g`` (N, Ho, Wo, C); ``sums[b, 1]`` holds the row being summed. Each row is summed
+    whole before it is added to its block, so a value passes through Wo + ``rows`` additions here and the
+    caller's sum over the blocks (blocked): the bound of the per-row sums it replaces, without a buffer of
+    N·Ho rows."""
     h, w, c = x.shape[1], x.shape[2], x.shape[3]
-    kh, kw = per_row.shape[1], per_row.shape[2]
+    kh, kw = sums.shape[2], sums.shape[3]
     ho, wo = g.shape[1], g.shape[2]
-    for r in range(lo, hi):
-        n, oh = r // ho, r % ho
-        sums = per_row[r]
-        sums[:, :, :] = 0
-        grow = g[n, oh]
-        for i in range(kh):
-            ih = oh * sh - ph + i * dh
-            if ih < 0 or ih >= h:
-                continue
-            row = x[n, ih]
-            for j in range(kw):
-                offset = j * dw - pw
-                first, stop = _span(offset, sw, w, wo)
-                acc = sums[i, j]
-                for ow in range(first, stop):
-                    src, grad = row[ow * sw + offset], grow[ow]
+    total = g.shape[0] * ho
+    for b in range(lo, hi):
+        block, row_sums = sums[b, 0], sums[b, 1]
+        block[:, :, :] = 0
+        for r in range(b * rows, min((b + 1) * rows, total)):
+            n, oh = r // ho, r % ho
+            row_sums[:, :, :] = 0
+            grow = g[n, oh]
+            for i in range(kh):
+                ih = oh * sh - ph + i * dh
+                if ih < 0 or ih >= h:
+                    continue
+                row = x[n, ih]
+                for j in range(kw):
+                    offset = j * dw - pw
+                    first, stop = _span(offset, sw, w, wo)
+                    acc = row_sums[i, j]
+                    for ow in range(first, stop):
+                        src, grad = row[ow * sw + offset], grow[ow]
+                        for k in range(c):
+                            acc[k] += src[k] * grad[k]
+                    into = block[i, j]
                     for k in range(c):
-                        acc[k] += src[k] * grad[k]
+                        into[k] += acc[k]
 
 
 def ready(dtype: Any) -> None:
@@ -133,4 +143,4 @@ def _run_each(dtype: Any) -> None:
     sweep = (1, 1, 0, 0, 1, 1)
     forward_rows(x, taps, out, 0, 2, *sweep)
     input_gradient_rows(x, taps, out, 0, 2, *sweep)
-    weight_gradient_rows(x, x, np.empty((2, 1, 1, 1), dtype), 0, 2, *sweep)
+    weight_gradient_blocks(x, x, np.empty((2, 2, 1, 1, 1), dtype), 0, 2, 1, *sweep)
