@@ -126,6 +126,16 @@ def test_decode_refuses_bad_shapes(shape: tuple[int, ...], anchors: np.ndarray, 
         decode(np.zeros(shape), anchors, stride)
 
 
+def test_decode_checks_the_class_count_it_is_given() -> None:
+    output = np.zeros((1, 45, 6, 6))
+    assert decode(output, np.ones((5, 2)), 8).shape == (1, 180, 9)  # 5 anchors × 4 classes fits 45 channels too
+    assert decode(output, np.ones((3, 2)), 8, num_classes=10).shape == (1, 108, 15)
+    with pytest.raises(ShapeError, match=r"decode got 45 channels; expected 75 = 5 anchors × \(5 \+ 10 classes\)"):
+        decode(output, np.ones((5, 2)), 8, num_classes=10)
+    with pytest.raises(ValueError, match="decode got num_classes 0; expected a positive integer"):
+        decode(output, np.ones((3, 2)), 8, num_classes=0)
+
+
 def test_box_iou_known_values() -> None:
     a = np.array([[0.0, 0.0, 10.0, 10.0], [0.0, 0.0, 0.0, 0.0]])
     b = np.array([[0.0, 0.0, 10.0, 10.0], [5.0, 0.0, 15.0, 10.0], [20.0, 20.0, 30.0, 30.0], [2.0, 2.0, 4.0, 4.0]])

@@ -107,6 +107,9 @@ def test_object_counts_include_empty_canvases_and_never_exceed_max_objects() -> 
     (dict(n=-1), "n must be an integer >= 0; got -1"),
     (dict(max_objects=0), "max_objects must be an integer >= 1; got 0"),
     (dict(size=40), r"scales must be integer sides .* <= size \(40\); got \(16, 48\)"),
+    (dict(scales=(16,)), r"scales must be integer sides \(smallest, largest\) .*; got \(16,\)"),
+    (dict(scales=16), r"scales must be integer sides \(smallest, largest\) .*; got 16"),
+    (dict(scales=(48, 16)), r"1 <= smallest <= largest .*; got \(48, 16\)"),
     (dict(noise=0.5), r"noise must be in \[0, 0.1\]; got 0.5"),
     (dict(seed=1.5), "seed must be an integer >= 0; got 1.5"),
 ])
@@ -160,6 +163,16 @@ def test_pad_and_unpad_round_trip_with_empty_images_as_padding() -> None:
 def test_bad_targets_are_refused_naming_the_image_and_row(targets, options, error, message) -> None:
     with pytest.raises(error, match=message):
         check_targets(targets, **options)
+
+
+def test_rows_of_zeros_are_named_as_padding_that_needs_class_minus_one() -> None:
+    with pytest.raises(ValueError, match=r"image 0, row 0: box \(0, 0, 0, 0\) has zero or negative area; .*; a row "
+                                         r"of zeros looks like padding, but padding rows must have class -1, "
+                                         r"\(-1, 0, 0, 0, 0\), as pad_targets writes them"):
+        DetectionDataset(np.zeros((3, 1, 16, 16), np.float32), np.zeros((3, 2, 5)))
+    with pytest.raises(ValueError, match="zero or negative area") as refused:
+        check_targets([[[0, 2, 2, 2, 6]]])  # a box of no width, not padding
+    assert "padding" not in str(refused.value)
 
 
 def test_pad_targets_refuses_more_objects_than_max_objects() -> None:

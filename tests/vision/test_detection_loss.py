@@ -15,6 +15,7 @@ from neuroflow.errors import ConfigError, ShapeError
 from neuroflow_ops_vision.detection.assignment import assign_targets
 from neuroflow_ops_vision.detection.boxes import decode
 from neuroflow_ops_vision.detection.loss import DetectionLoss
+from neuroflow_ops_vision.detection.targets import pad_targets
 
 from .detection_loss_reference import (
     ANCHORS,
@@ -251,6 +252,40 @@ def test_for_the_yolo_lite_model():
     targets = np.array([[[0, 2, 3, 20, 30]], [[-1, 0, 0, 0, 0]]], np.float32)
     assert math.isfinite(loss.forward(out, targets))
     assert loss.backward().shape == out.shape
+
+
+def test_for_model_refuses_a_model_that_is_not_a_detector():
+    import neuroflow as nf
+
+    classifier = nf.Sequential(nf.ops.Linear(784, 128), nf.ops.Linear(128, 10))  # an MNIST MLP
+    with pytest.raises(ConfigError, match=r"model \(Sequential\) is not a detector: it has no anchors, stride, "
+                                          r"num_classes; for_model expects a detector .* yolo_lite"):
+        DetectionLoss.for_model(classifier)
+
+
+def test_per_image_targets_are_padded_as_the_dataloader_pads_them():
+    per_image = [np.array([[0, 2, 3, 20, 30], [2, 1, 1, 9, 9]], np.float32), np.zeros((0, 5), np.float32),
+                 np.array([[1, 4, 4, 12, 14]], np.float32)]  # digit_canvases' form: k differs per image
+    pred = random_output(np.random.default_rng(2), 3, 3, 4, 4)
+    padded = DetectionLoss(ANCHORS, STRIDE, 3).forward(pred, pad_targets(per_image, 2))
+    assert DetectionLoss(ANCHORS, STRIDE, 3).forward(pred, per_image) == padded
+    with pytest.raises(ValueError, match="image 2, row 0: class id 7 is out of range"):
+        DetectionLoss(ANCHORS, STRIDE, 3).forward(pred, [*per_image[:2], np.array([[7, 4, 4, 12, 14]])])
+
+
+def test_a_bad_class_in_a_batch_says_the_image_number_is_its_place_in_the_batch():
+    targets = _bad([[0, 1, 1, 9, 9]]).repeat(2, axis=0)
+    targets[1, 0, 0] = 5
+    with pytest.raises(ValueError, match=r"image 1, row 0: class id 5 is out of range.*its position in this batch, "
+                                         r"not its index in the data set; DetectionDataset\(images, targets, "
+                                         r"num_classes=3\) checks every image up front"):
+        DetectionLoss(ANCHORS, STRIDE, 3).forward(np.zeros((2, 24, 4, 4)), targets)
+
+
+def test_predictions_refuse_an_output_of_other_classes():
+    loss = DetectionLoss(ANCHORS, STRIDE, 3)  # 3 × (5 + 3) = 24 channels; 27 would decode as 4 classes
+    with pytest.raises(ShapeError, match=r"decode got 27 channels; expected 24 = 3 anchors × \(5 \+ 3 classes\)"):
+        loss.predictions(np.zeros((1, 27, 4, 4)))
 
 
 # ---------------------------------------------------------------------- bad input

@@ -10,6 +10,7 @@ import pytest
 
 import neuroflow as nf
 from neuroflow import registry
+from neuroflow.checkpoint.errors import CheckpointError
 from neuroflow.errors import ShapeError
 from neuroflow.fusion import fuse
 from neuroflow.layout_pass import plan_layouts
@@ -105,10 +106,22 @@ def test_get_config_rebuilds_it_and_it_is_registered() -> None:
     (dict(image_size=90), "image_size=90 is not a multiple of 16.*use e.g. 80"),
     (dict(image_size=8), "image_size=8 is not a multiple of 16.*use e.g. 16"),
     (dict(width=0), r"width must be a multiplier in \(0, 8\]; got 0"),
+    (dict(anchors=[[1e308, 10], [10, 10], [10, 10]]), "anchor sizes must be positive and finite in float32"),
+    (dict(anchors=[[1e-50, 10], [10, 10], [10, 10]]), "anchor sizes must be positive and finite in float32"),
+    (dict(image_size=4112), "image_size=4112 is above 4096, the largest side it takes"),
 ])
 def test_bad_arguments_are_refused_at_construction(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         yolo_lite(**kwargs)
+
+
+def test_a_model_file_asking_for_a_huge_canvas_is_refused_when_loaded(tmp_path) -> None:
+    model = tiny()
+    config = model.get_config()
+    model.get_config = lambda: {**config, "image_size": 64000}  # what a hostile file says
+    nf.save(model, tmp_path / "hostile.nf")
+    with pytest.raises(CheckpointError, match="image_size=64000 is above 4096"):
+        nf.load(tmp_path / "hostile.nf")
 
 
 def test_bad_inputs_name_the_shape() -> None:

@@ -82,7 +82,7 @@ def sigmoid(x: Any) -> Any:
     return 0.5 * (array_namespace(x).tanh(0.5 * x) + 1.0)
 
 
-def decode(output: Any, anchors: Any, stride: int) -> Any:
+def decode(output: Any, anchors: Any, stride: int, num_classes: int | None = None) -> Any:
     """The raw head (B, A*(5+C), H, W) -> (B, A*H*W, 5+C): x1, y1, x2, y2, objectness, class probabilities.
 
     YOLOv5's decoding: ``cx = (2 sigmoid(tx) - 0.5 + gx) * stride`` (cy with
@@ -90,11 +90,13 @@ def decode(output: Any, anchors: Any, stride: int) -> Any:
     and class probabilities are sigmoids of their logits. Channel
     ``a*(5+C) + j`` is number j of anchor a. Row ``a*H*W + gy*W + gx`` of the
     result is anchor a at cell (gy, gx), YOLOv5's order. The result has the
-    output's array type and dtype.
+    output's array type and dtype. ``num_classes`` C, when the caller knows
+    it, is checked against the channels; without it only A*(5+C) for some
+    C >= 1 is (45 channels read as 3 anchors × 10 classes or as 5 × 4).
 
     Example::
 
-        decoded = decode(model_output, model.anchors, model.stride)
+        decoded = decode(model_output, model.anchors, model.stride, model.num_classes)
         detections = non_max_suppression(decoded)
     """
     xp = array_namespace(output)
@@ -107,6 +109,14 @@ def decode(output: Any, anchors: Any, stride: int) -> Any:
         raise ValueError(f"decode got stride {stride!r}; expected a positive integer (pixels per cell)")
     batch, channels, height, width = (int(s) for s in output.shape)
     count = anchors_host.shape[0]
+    if num_classes is not None:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
+            raise ValueError(f"decode got num_classes {num_classes!r}; expected a positive integer")
+        if channels != count * (5 + num_classes):
+            raise ShapeError(
+                f"decode got {channels} channels; expected {count * (5 + num_classes)} = {count} anchors × "
+                f"(5 + {num_classes} classes): the output is not this detector's head (other anchors or classes)"
+            )
     per_anchor = channels // count
     if channels % count or per_anchor < 6:
         raise ShapeError(

@@ -13,7 +13,7 @@ canvases of a longer run are those of a shorter one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -76,7 +76,8 @@ def check_canvas_options(*, split: str = "train", n: int = 0, size: int = 96, ma
     for name, value, low in (("n", n, 0), ("size", size, 1), ("max_objects", max_objects, 1), ("seed", seed, 0)):
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
-    smallest, largest = scales
+    pair = isinstance(scales, Sequence | np.ndarray) and not isinstance(scales, str) and len(scales) == 2
+    smallest, largest = scales if pair else (None, None)
     if not (isinstance(smallest, int | np.integer) and isinstance(largest, int | np.integer)
             and 1 <= smallest <= largest <= size):
         raise ValueError(f"scales must be integer sides (smallest, largest) with 1 <= smallest <= largest <= "

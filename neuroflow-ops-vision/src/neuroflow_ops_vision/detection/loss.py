@@ -38,7 +38,7 @@ from neuroflow_ops_vision.detection.assignment import Assignment, assign_targets
 from neuroflow_ops_vision.detection.boxes import decode
 from neuroflow_ops_vision.detection.ciou import ciou_with_grad
 from neuroflow_ops_vision.detection.evaluation import DetectionEvaluator
-from neuroflow_ops_vision.detection.targets import check_targets
+from neuroflow_ops_vision.detection.targets import check_targets, pad_targets
 
 #: YOLOv5's reference training size and class count, which its gains are tuned for (``hyp`` scaling in train.py).
 REFERENCE_IMAGE_SIZE = 640
@@ -67,7 +67,9 @@ class DetectionLoss(Loss):
     YOLOv5's scale; without, they are used as given. ``label_smoothing`` ε:
     class targets 1 - ε/2 and ε/2. ``batch_scaled``: multiply the loss by the
     batch size as YOLOv5 does (the default is the mean, the Loss contract, so
-    gradient accumulation adds up). After ``forward``, ``components`` holds
+    gradient accumulation adds up). ``forward`` takes padded (B, M, 5)
+    targets or a list of per-image (k, 5) arrays (``digit_canvases``' form,
+    padded as a DataLoader pads them). After ``forward``, ``components`` holds
     the unweighted ``{"box", "obj", "cls"}`` terms.
     """
 
@@ -100,6 +102,14 @@ class DetectionLoss(Loss):
         """The loss for a detector with ``anchors``, ``stride`` and ``num_classes`` attributes (a config's
         ``[loss] type = "DetectionLoss"``): with ``scale_gains``, the gains are scaled for the model's
         ``image_size`` as YOLOv5 scales them; the other keywords as for the constructor."""
+        missing = [name for name in ("anchors", "stride", "num_classes") if not hasattr(model, name)]
+        if missing:
+            raise ConfigError(
+                f"DetectionLoss.for_model: the model ({type(model).__name__}) is not a detector: it has no "
+                f"{', '.join(missing)}; for_model expects a detector with anchors, stride and num_classes "
+                "attributes (e.g. yolo_lite(num_classes=10)); check that the model file matches the config, "
+                "or give a classifier a classification loss ([loss] type = \"CrossEntropy\")"
+            )
         image_size = getattr(model, "image_size", None) if scale_gains else None
         return DetectionLoss(model.anchors, model.stride, model.num_classes, anchor_t=anchor_t, box=box, obj=obj,
                              cls=cls, label_smoothing=label_smoothing, image_size=image_size,
@@ -117,15 +127,22 @@ class DetectionLoss(Loss):
     def forward(self, pred: Any, target: Any) -> float:
         xp = array_namespace(pred)
         batch, anchors, per_anchor, height, width = self._check_output(pred)
-        targets = self._host(target)
+        targets = self._targets(target)
         if targets.ndim != 3 or targets.shape[2] != 5:
             raise ShapeError(f"DetectionLoss got targets of shape {tuple(targets.shape)}; expected (batch, "
                              "max_objects, 5) rows (class, x1, y1, x2, y2) in pixels, class -1 for padding")
         if targets.shape[0] != batch:
             raise ShapeError(f"DetectionLoss got an output for {batch} images and targets for {targets.shape[0]}; "
                              "expected one (max_objects, 5) block of targets per image")
-        check_targets(targets, count=batch, size=(height * self.stride, width * self.stride),
-                      num_classes=self.num_classes)
+        try:
+            check_targets(targets, count=batch, size=(height * self.stride, width * self.stride),
+                          num_classes=self.num_classes)
+        except ValueError as exc:  # the Trainer's batches are shuffled: say which numbering the message uses
+            raise ValueError(
+                f"DetectionLoss: {exc} (the image number is its position in this batch, not its index in the data "
+                f"set; DetectionDataset(images, targets, num_classes={self.num_classes}) checks every image up "
+                "front and names its data set index)"
+            ) from exc
         box_gain, obj_gain, cls_gain = self.gains
         factor = float(batch) if self.batch_scaled else 1.0
         slots = batch * anchors * height * width
@@ -210,6 +227,14 @@ class DetectionLoss(Loss):
                              f"H, W): {anchors} anchors × (5 + {self.num_classes} classes) channels")
         return shape[0], anchors, per_anchor, shape[2], shape[3]
 
+    def _targets(self, target: Any) -> np.ndarray:
+        """Host targets (B, M, 5); a list of per-image (k, 5) arrays (what ``digit_canvases`` returns) is padded
+        as a DataLoader's collate pads it."""
+        if not isinstance(target, list | tuple):
+            return self._host(target)
+        images = check_targets(target)
+        return pad_targets(images, max([1, *(len(rows) for rows in images)]))
+
     def _host(self, array: Any) -> np.ndarray:
         if isinstance(array, np.ndarray):
             return array
@@ -239,7 +264,7 @@ class DetectionLoss(Loss):
     # ------------------------------------------------------------------ what the Trainer asks besides
     def predictions(self, output: Any) -> Any:
         """The decoded boxes (B, A·H·W, 5+C): x1, y1, x2, y2 in pixels, objectness, class probabilities."""
-        return decode(output, self.anchors, self.stride)
+        return decode(output, self.anchors, self.stride, self.num_classes)
 
     def evaluator(self) -> DetectionEvaluator:
         """A fresh DetectionEvaluator (mAP@0.5 over what it is given) for this detector's anchors and classes."""

@@ -50,12 +50,17 @@ HEAD_WIDTH = 128
 STRIDE = 8
 #: Pixels per cell of the last stage, upsampled onto the head's grid: H and W must be multiples of it.
 DEEPEST_STRIDE = 16
+#: The largest image side: a model file asking for more (``neuroflow predict`` letterboxes every image to it)
+#: is refused when it is rebuilt.
+MAX_IMAGE_SIZE = 4096
 #: YOLOv5's objectness prior: about this many positive anchor slots per image, spread over the grid's cells.
 OBJECTS_PER_IMAGE = 8.0
 
 
 def check_anchors(anchors: Any) -> np.ndarray:
-    """``anchors`` as a (3, 2) float32 array of positive finite pixel sizes (w, h); ValueError otherwise."""
+    """``anchors`` as a (3, 2) float32 array of positive finite pixel sizes (w, h); ValueError otherwise.
+
+    Checked after the cast to float32, the dtype they are kept in: 1e308 is finite in float64 but inf in float32."""
     try:
         array = np.asarray(anchors, dtype=np.float64)
     except (TypeError, ValueError):
@@ -65,9 +70,12 @@ def check_anchors(anchors: Any) -> np.ndarray:
             f"yolo_lite: anchors has shape {array.shape}; the head predicts {NUM_ANCHORS} anchors, so expected "
             f"({NUM_ANCHORS}, 2) (w, h) pairs in pixels, e.g. kmeans_anchors(boxes, k={NUM_ANCHORS})"
         )
-    if not (np.isfinite(array).all() and (array > 0).all()):
-        raise ValueError(f"yolo_lite: anchor sizes must be positive and finite; got {array.tolist()}")
-    return array.astype(np.float32)
+    with np.errstate(over="ignore"):  # an overflow is refused below, by name
+        kept = array.astype(np.float32)
+    if not (np.isfinite(kept).all() and (kept > 0).all()):
+        raise ValueError("yolo_lite: anchor sizes must be positive and finite in float32, which the model keeps "
+                         f"them in (pixels, below 3.4e38); got {array.tolist()}")
+    return kept
 
 
 def channel_widths(width: float) -> tuple[int, int, int, int, int]:
@@ -101,6 +109,9 @@ class YoloLite(Sequential):
         for name, value in (("num_classes", num_classes), ("in_channels", in_channels), ("image_size", image_size)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"yolo_lite: {name} must be a positive int; got {value!r}")
+        if int(image_size) > MAX_IMAGE_SIZE:
+            raise ValueError(f"yolo_lite: image_size={image_size} is above {MAX_IMAGE_SIZE}, the largest side it "
+                             "takes (neuroflow predict letterboxes every image to image_size²); use a smaller size")
         if int(image_size) % DEEPEST_STRIDE:
             raise ValueError(
                 f"yolo_lite: image_size={image_size} is not a multiple of {DEEPEST_STRIDE}: the last stage's map "

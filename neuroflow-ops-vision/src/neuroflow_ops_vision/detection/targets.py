@@ -19,6 +19,9 @@ from neuroflow.errors import ShapeError
 
 #: The class of a padding row.
 PAD_CLASS = -1.0
+# Said of a row of zeros: most likely padding written with class 0.
+_ZERO_ROW = ("; a row of zeros looks like padding, but padding rows must have class -1, (-1, 0, 0, 0, 0), "
+             "as pad_targets writes them")
 
 
 def check_targets(targets: Any, *, count: int | None = None, size: int | tuple[int, int] | None = None,
@@ -110,15 +113,16 @@ def _check_rows(images: list[np.ndarray], height: int | None, width: int | None,
     def fail(bad: np.ndarray, problem: str) -> None:
         if bad.any():
             i = int(np.argmax(bad))
+            padding = "" if rows[i].any() else _ZERO_ROW
             raise ValueError(f"image {image[i]}, row {row[i]}: " + problem.format(cls=f"{rows[i, 0]:g}",
-                                                                                   box=_box(rows[i])))
+                                                                                   box=_box(rows[i]), padding=padding))
 
     fail(~np.isfinite(rows).all(axis=1), "ground truth holds NaN or Inf")
     cls, x1, y1, x2, y2 = rows.T
     valid = f"integers in [0, {num_classes})" if num_classes else "non-negative integers"
     fail((cls != np.round(cls)) | (cls < 0) | (cls >= (num_classes or np.inf)),
          "class id {cls} is out of range; class ids are " + valid)
-    fail((x2 <= x1) | (y2 <= y1), "box {box} has zero or negative area; expected x1 < x2 and y1 < y2")
+    fail((x2 <= x1) | (y2 <= y1), "box {box} has zero or negative area; expected x1 < x2 and y1 < y2{padding}")
     right, bottom = np.inf if width is None else width, np.inf if height is None else height
     image_text = "the image" if width is None else f"the {width}×{height} image"
     fail((x1 < 0) | (y1 < 0) | (x2 > right) | (y2 > bottom),
