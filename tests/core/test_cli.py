@@ -154,6 +154,13 @@ def test_output_save_calls_neuroflow_save_with_the_resolved_path(workdir, monkey
     assert isinstance(saved["model"], neuroflow.Sequential)
 
 
+def test_the_saved_model_loads_in_evaluation_mode(workdir):
+    """The trained model is a finished one: nf.load gives it back ready to predict (BatchNorm and Dropout as in
+    evaluation), not in the training mode fit left it in."""
+    assert main(["train", config(workdir, DATA + "[output]\nsave = 'm.safetensors'\n")]) == 0
+    assert neuroflow.load(workdir / "m.safetensors").training is False
+
+
 # ---------------------------------------------------------------- plugins, backends, doctor
 def test_plugins_lists_every_registry_with_distributions(capsys):
     assert main(["plugins"]) == 0

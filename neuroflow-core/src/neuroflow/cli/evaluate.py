@@ -11,13 +11,15 @@ as pycocotools.
 from __future__ import annotations
 
 import argparse
+import inspect
 from pathlib import Path
 from typing import Any
 
+from neuroflow import registry
 from neuroflow.checkpoint import load
 from neuroflow.cli.arguments import positive_int
 from neuroflow.config import Config, load_config
-from neuroflow.errors import ConfigError
+from neuroflow.errors import ConfigError, NeuroFlowError
 from neuroflow.losses.evaluation import Evaluator, WritesCocoJson, evaluator_of
 from neuroflow.trainer import Trainer
 
@@ -48,19 +50,36 @@ def trained_model(config: Config, path: str, device: str | None = None, batch_si
 
 def _check_matches(config: Config, model: Any, file: Path) -> None:
     """Refuse a model file built with other ``[model]`` numbers than the config's (``num_classes = 10`` against a
-    12-class model): its outputs would be read with the wrong layout, or scored against the wrong classes."""
-    for key, wanted in config.model.items():
+    12-class model): its outputs would be read with the wrong layout, or scored against the wrong classes. A key
+    the config leaves out is compared with its builder's default, which is what the config builds."""
+    defaults = _builder_defaults(config)
+    for key, wanted in {**defaults, **config.model}.items():
         if isinstance(wanted, bool) or not isinstance(wanted, (int, float)):
             continue
         built = getattr(model, key, None)
         if isinstance(built, (int, float)) and not isinstance(built, bool) and built != wanted:
+            given = "" if key in config.model else f" (the default of {config.model['name']}: the config leaves it out)"
             raise ConfigError(f"--model: {str(file)!r} was built with {key} = {built:g}, but the config's [model] "
-                              f"has {key} = {wanted:g}; use the config the model was trained with (or a model "
-                              "trained with this one)")
+                              f"has {key} = {wanted:g}{given}; use the config the model was trained with (or a "
+                              "model trained with this one)")
 
 
-def coco_directory(path: str) -> Path:
-    """``--coco-json DIR``, created now (before a long evaluation) and checked writable; ConfigError otherwise."""
+def _builder_defaults(config: Config) -> dict[str, Any]:
+    """The default arguments of the model builder ``[model] name`` names; none for a config without one (or whose
+    builder is not installed: the model file, not the builder, makes the model here)."""
+    if "name" not in config.model:
+        return {}
+    try:
+        builder = registry.models.get(config.model["name"])
+    except NeuroFlowError:
+        return {}
+    return {name: parameter.default for name, parameter in inspect.signature(builder).parameters.items()
+            if parameter.default is not inspect.Parameter.empty}
+
+
+def writable_directory(path: str, flag: str) -> Path:
+    """Directory ``path``, created now (before a long run) and checked writable; a ConfigError naming ``flag``
+    (the option that gave it) otherwise."""
     directory = Path(path)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -68,7 +87,7 @@ def coco_directory(path: str) -> Path:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise ConfigError(f"--coco-json: cannot write into {path!r} ({exc.strerror or exc}); give a directory "
+        raise ConfigError(f"{flag}: cannot write into {path!r} ({exc.strerror or exc}); give a directory "
                           "you can write to") from None
     return directory
 
@@ -86,11 +105,14 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     trainer = trained_model(config, args.model, args.device, args.batch_size)
     evaluator = _evaluator(trainer.loss, args.coco_json)
-    directory = None if args.coco_json is None else coco_directory(args.coco_json)
-    _, test = config.build_data()
+    directory = None if args.coco_json is None else writable_directory(args.coco_json, "--coco-json")
+    test = config.build_test_data()  # the training split is not needed: not built where the data set can skip it
     if test is None:
         raise ConfigError(f"{args.config}: the config's [data] has no held-out split to evaluate on; give "
                           "test = \"<file>.npz\" or a dataset that has a test split")
+    if len(test) == 0:
+        raise ConfigError(f"{args.config}: the config's [data] gives an empty held-out split (0 samples) to evaluate "
+                          "on; give it samples ([data] n_test = 100 for a data set, rows in the test .npz)")
     metrics = trainer.evaluate(test, evaluator)
     print(f"evaluated {args.model} on {len(test)} held-out samples")
     for name, value in metrics.items():

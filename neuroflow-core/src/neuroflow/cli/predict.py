@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from neuroflow.cli.arguments import positive_int
-from neuroflow.cli.evaluate import trained_model
+from neuroflow.cli.evaluate import trained_model, writable_directory
 from neuroflow.config import load_config
 from neuroflow.errors import ConfigError
 from neuroflow.losses.evaluation import FindsObjects, evaluator_of
@@ -31,12 +31,42 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("image", metavar="IMAGE.png", help="the picture (grey or colour PNG or JPEG; another size than "
                                                              "the detector's is letterboxed to it)")
     parser.add_argument("--model", metavar="FILE", required=True, help="the saved model (neuroflow train --save)")
-    parser.add_argument("--out", metavar="PNG", help="draw the objects found on the picture and write it here")
-    parser.add_argument("--conf", type=float, default=0.25, help="the lowest score of an object shown (default 0.25)")
+    parser.add_argument("--out", metavar="PNG", help="draw the objects found on the picture and write it here (a "
+                                                      "file name ending in .png, or another format matplotlib "
+                                                      "writes: .jpg, .pdf, .svg, ...)")
+    parser.add_argument("--conf", type=score_arg, default=0.25,
+                        help="the lowest score of an object shown, from 0 to 1 (default 0.25)")
     parser.add_argument("--top", type=positive_int, default=3, help="how many classes to print for a classifier")
     parser.add_argument("--agnostic", action=argparse.BooleanOptionalAction, default=True,
                         help="one box per object: boxes of any class suppress each other (the default); "
                              "--no-agnostic suppresses within a class only, as mAP is measured")
+
+
+def score_arg(text: str) -> float:
+    """An argparse type: a score from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a score from 0 to 1; got {text!r}") from None
+    if not 0 <= value <= 1:  # nan too
+        raise argparse.ArgumentTypeError(f"expected a score from 0 to 1; got {text}")
+    return value
+
+
+def out_path(text: str) -> Path:
+    """``--out FILE``, checked before the model runs: a picture format matplotlib writes (its name's ending), not a
+    directory, in a directory that is created now and writable. ConfigError otherwise."""
+    path = Path(text)
+    if path.is_dir():
+        raise ConfigError(f"--out: {text!r} is a directory; give a picture file name, such as "
+                          f"{str(path / 'boxes.png')!r}")
+    formats = matplotlib_modules().backend_bases.FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        ending = f"ends in {path.suffix!r}" if path.suffix else "has no ending"
+        raise ConfigError(f"--out: {text!r} {ending}; give a file name ending in .png (or another format "
+                          f"matplotlib writes: {', '.join(sorted(formats))})")
+    writable_directory(str(path.parent), "--out")
+    return path
 
 
 def matplotlib_modules() -> Any:
@@ -122,17 +152,25 @@ def model_input(image: np.ndarray, shape: tuple[int, ...] | None) -> np.ndarray:
 
 
 def draw(image: np.ndarray, objects: np.ndarray, out: Path) -> None:
-    """Write ``image`` with ``objects`` (rows x1, y1, x2, y2, score, class) drawn as labelled boxes to ``out``.
+    """Write ``image`` with ``objects`` (rows x1, y1, x2, y2, score, class) drawn as labelled boxes to ``out``."""
+    plt = matplotlib_modules().pyplot
+    fig = labelled_figure(image, objects)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
 
-    Each label sits on its box's top-left corner; a label that would cover one
-    already drawn (objects close together) moves down, then up, by its height
-    until it is clear, so every label stays readable.
+
+def labelled_figure(image: np.ndarray, objects: np.ndarray) -> Any:
+    """A matplotlib Figure of ``image`` with ``objects`` (rows x1, y1, x2, y2, score, class) drawn as labelled boxes.
+
+    Each label sits on its box's top-left corner, inside the box when there is
+    no room above it; a label that would cover one already drawn (objects
+    close together) moves down, then up, by its height until it is clear, and
+    none leaves the picture, so every label stays readable.
     """
     matplotlib = matplotlib_modules()
-    plt = matplotlib.pyplot
     height, width = image.shape[:2]
     scale = max(1.0, 480 / max(height, width))  # small canvases are drawn larger, so the labels are legible
-    fig = plt.figure(figsize=(width * scale / 100, height * scale / 100), dpi=100)
+    fig = matplotlib.pyplot.figure(figsize=(width * scale / 100, height * scale / 100), dpi=100)
     ax = fig.add_axes((0, 0, 1, 1))
     ax.imshow(image, cmap="gray", vmin=0, vmax=1, interpolation="nearest")
     ax.set_axis_off()
@@ -146,31 +184,41 @@ def draw(image: np.ndarray, objects: np.ndarray, out: Path) -> None:
         label = ax.text(x1 - 0.5, y1 - 0.5, f"{int(cls)} {score:.2f}", color="white", fontsize=9, va="bottom",
                         bbox={"facecolor": colour, "edgecolor": "none", "pad": 1})
         place_label(label, placed, renderer)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def place_label(label: Any, placed: list[Any], renderer: Any, tries: int = 12) -> None:
-    """Move ``label`` (a matplotlib Text) down or up by its height until it overlaps none of ``placed``; add it."""
+    """Move ``label`` (a matplotlib Text) into the picture, then down or up by its height until it overlaps none of
+    ``placed``, staying inside the picture; add it. A label with no room above its anchor goes below it."""
     start = label.get_window_extent(renderer).expanded(1.05, 1.1)
+    picture = label.figure.bbox
     transform = label.axes.transData
     x, y = transform.transform(label.get_position())
-    inside = min(0.0, label.figure.bbox.x1 - start.x1)  # a label past the right edge moves left, into the picture
-    start, x = start.translated(inside, 0), x + inside
+    below = -start.height if start.y1 > picture.y1 else 0.0  # no room above the box: inside it, under its top edge
+    dx = min(0.0, picture.x1 - start.x1) or max(0.0, picture.x0 - start.x0)  # past the right or left edge: back in
+    dy = min(0.0, picture.y1 - start.y1 - below) or max(0.0, picture.y0 - start.y0 - below)
+    start, x, y = start.translated(dx, below + dy), x + dx, y + below + dy
     for step in range(tries + 1):
         shift = (step + 1) // 2 * start.height * (1 if step % 2 else -1)  # 0, down, up, 2 down, 2 up, ...
         box = start.translated(0, shift)
-        if not any(box.overlaps(other) for other in placed):
+        if _within(box, picture) and not any(box.overlaps(other) for other in placed):
             label.set_position(transform.inverted().transform((x, y + shift)))
             placed.append(box)
             return
-    placed.append(start)  # crowded beyond ``tries`` heights: leave it where it was
+    label.set_position(transform.inverted().transform((x, y)))  # crowded beyond ``tries`` heights: where it fits
+    placed.append(start)
+
+
+def _within(box: Any, picture: Any, slack: float = 1e-6) -> bool:
+    """Whether ``box`` lies inside ``picture`` (display pixels; ``slack`` for the rounding of a box moved flush)."""
+    return bool(picture.x0 - slack <= box.x0 and box.x1 <= picture.x1 + slack
+                and picture.y0 - slack <= box.y0 and box.y1 <= picture.y1 + slack)
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     image = read_picture(Path(args.image))
-    out = None if args.out is None else Path(args.out)
+    out = None if args.out is None else out_path(args.out)
     trainer = trained_model(config, args.model)
     evaluator = evaluator_of(trainer.loss)
     if out is not None and not isinstance(evaluator, FindsObjects):
@@ -205,7 +253,6 @@ def _detect(args: argparse.Namespace, trainer: Any, evaluator: FindsObjects, ima
     for x1, y1, x2, y2, score, cls in found:
         print(f"  class {int(cls)}  score {score:.3f}  box ({x1:.1f}, {y1:.1f}, {x2:.1f}, {y2:.1f})")
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
         draw(image, found, out)
         print(f"wrote {out}")
     return 0

@@ -96,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, output={**(config.output or {}), "save": str(Path(args.save).resolve())})
     _saver(config)  # checked before training, not after
     train, test = config.build_data()
+    if config.validate and test is not None and len(test) == 0:
+        raise ConfigError("validate = true evaluates the test split after every epoch, but the config's [data] "
+                          "gives an empty one (0 samples); give it samples ([data] n_test = 100 for a data set, rows "
+                          "in the test .npz) or set validate = false")
     model = config.build_model(train)
     trainer = config.build_trainer(model)
     parallel = trainer.parallel  # a data-parallel run: every rank trains, rank 0 alone prints and writes
@@ -111,7 +115,7 @@ def _quiet(*args: Any, **kwargs: Any) -> None:
 
 def _train(args: argparse.Namespace, config: Config, trainer: Any, model: Any, train: Any, test: Any,
            say: Callable[..., None]) -> None:
-    save, output = _saver(config), config.output or {}
+    output = config.output or {}
     test_size = "no" if test is None else str(len(test))
     say(f"model: {model!r}")
     say(f"data: {len(train)} training and {test_size} test samples; device {trainer.backend.device}, "
@@ -126,17 +130,42 @@ def _train(args: argparse.Namespace, config: Config, trainer: Any, model: Any, t
     if output.get("fuse"):
         model = trainer.model = fuse(model)
         say("fused the LoRA adapters into the base weights")
-    if test is not None:
-        metrics = trainer.evaluate(test)
-        say("test: " + "  ".join(f"{key} {value:.4f}" for key, value in metrics.items()))
-        if isinstance(test, SeriesWindows) and trainer.is_root:
-            _report_forecast(trainer, test)
-    if save is not None and trainer.is_root:
-        path = config.path(output["save"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        options = {"quantize": output["quantize"]} if "quantize" in output else {}
+    saved = _save(config, trainer, model)  # before the test: a failing evaluation must not lose the training
+    try:
+        _test(trainer, test, say)
+    finally:
+        if saved is not None:  # said last, after the metrics, where a user looks for it
+            say(f"saved the model to {saved}")
+
+
+def _save(config: Config, trainer: Any, model: Any) -> Path | None:
+    """Write ``model`` where ``[output] save`` says (rank 0 alone); the path written, or None."""
+    save, output = _saver(config), config.output or {}
+    if save is None or not trainer.is_root:
+        return None
+    path = config.path(output["save"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    options = {"quantize": output["quantize"]} if "quantize" in output else {}
+    training = model.training
+    model.eval()  # the file records the mode, and nf.load restores it: a finished model loads ready to predict
+    try:
         save(model, path, **options)
-        say(f"saved the model to {path}")
+    finally:
+        model.train(training)
+    return path
+
+
+def _test(trainer: Any, test: Any, say: Callable[..., None]) -> None:
+    """Report the trained model's metrics on the held-out split, if there is one with samples."""
+    if test is None:
+        return
+    if len(test) == 0:
+        say("test: the test split is empty; nothing to evaluate")
+        return
+    metrics = trainer.evaluate(test)
+    say("test: " + "  ".join(f"{key} {value:.4f}" for key, value in metrics.items()))
+    if isinstance(test, SeriesWindows) and trainer.is_root:
+        _report_forecast(trainer, test)
 
 
 def _ranks(trainer: Any) -> str:

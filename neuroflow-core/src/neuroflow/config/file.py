@@ -314,6 +314,25 @@ class Config:
         test = self.data.get("test")
         return self._npz("train"), None if test is None else self._npz("test")
 
+    def build_test_data(self) -> Any | None:
+        """The held-out dataset alone (None when the config names none), for a command that only evaluates.
+
+        An ``.npz`` config reads only its test file. A data set builds only its
+        held-out split when its source has ``load_test()`` (an optional
+        :class:`~neuroflow.data.dataset.DatasetSource` method); otherwise both
+        splits are loaded and the training one is dropped.
+        """
+        if self.data is None:
+            return self.build_data()[1]  # raises the missing [data] table's error
+        if "dataset" not in self.data:
+            return self._npz("test") if "test" in self.data else None
+        source = dataset_source(self.data, self.path)
+        load_test = getattr(source, "load_test", None)
+        try:
+            return load_test() if load_test is not None else source.load()[1]
+        except ValueError as exc:  # as in build_data: a value the data set refuses once it sees the data
+            raise ConfigError(f"[data] {exc}") from exc
+
     def _npz(self, key: str) -> Any:
         from neuroflow.data import ArrayDataset  # lazy: importing neuroflow.data would slow every CLI start
 

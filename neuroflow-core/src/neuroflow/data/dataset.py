@@ -41,6 +41,9 @@ class DatasetSource(Protocol):
         """The training set and the held-out one (None when the data set has none)."""
         ...
 
+    # Optional: ``load_test()``, the held-out set alone, which ``neuroflow evaluate`` calls where a source has it
+    # (Config.build_test_data) rather than building a training set it does not use.
+
 
 class ArrayDataset:
     """Inputs (and optional targets) held as host numpy arrays, one sample per row of axis 0.

@@ -94,3 +94,7 @@ class DigitCanvases:
         """The training canvases and the held-out ones."""
         return (DetectionDataset.canvases("train", self.n_train, **self.options),
                 DetectionDataset.canvases("test", self.n_test, **self.options))
+
+    def load_test(self) -> DetectionDataset:
+        """The held-out canvases alone (``neuroflow evaluate`` draws no training set)."""
+        return DetectionDataset.canvases("test", self.n_test, **self.options)
