@@ -111,3 +111,14 @@ def test_labels_at_every_edge_of_the_picture_stay_inside_it():
         assert first.y1 <= top + 1e-6 and first.x0 >= fig.axes[0].transData.transform((9.5, 0))[0] - 1e-6
     finally:
         plt.close(fig)
+
+
+def test_a_detector_read_with_a_classifiers_loss_is_refused_not_printed_as_classes(trained, tmp_path, capsys):
+    config, model, picture = trained
+    text = config.read_text()
+    assert 'type = "DetectionLoss"' in text
+    classifier = tmp_path / "classifier.toml"
+    classifier.write_text(text.replace('type = "DetectionLoss"', 'type = "CrossEntropy"'))
+    assert main(["predict", str(classifier), "--model", str(model), str(picture)]) == 2
+    captured = capsys.readouterr()
+    assert "not the (batch, classes) scores of a classifier" in captured.err and "class " not in captured.out

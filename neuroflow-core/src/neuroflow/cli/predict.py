@@ -228,7 +228,11 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(evaluator, FindsObjects):
         return _detect(args, trainer, evaluator, image, out)
     predictions = trainer.predict(model_input(image, config.input_shape))
-    scores = predictions.reshape(len(predictions), -1)[0]
+    if predictions.ndim != 2:  # a detector's boxes, a map: scores per class they are not
+        raise ConfigError(f"--model: the model gives outputs of shape {tuple(predictions.shape)} per batch, not the "
+                          f"(batch, classes) scores of a classifier, which the config's loss "
+                          f"({type(trainer.loss).__name__}) reads; use the config the model was trained with")
+    scores = predictions[0]
     top = np.argsort(-scores, kind="stable")[:args.top]
     print(f"top classes of {args.image}:")
     for cls in top:
