@@ -180,7 +180,11 @@ def load(path: str | os.PathLike[str], device: str | Backend | None = None, mmap
     mapped copy-on-write, and a float model on the CPU views the mapping
     (``mmap=False`` reads it instead; see :mod:`neuroflow.checkpoint.reading`
     for what a mapping asks of the file). Raises CheckpointError for any
-    problem with the file.
+    problem with the file. The model comes back in the mode it was saved in
+    (``model.training``): a model saved after ``fit`` is in training mode, so
+    call ``model.eval()`` before ``model.forward`` for predictions (BatchNorm
+    and Dropout then act as in evaluation; ``Trainer.predict`` does it
+    itself, and ``neuroflow train`` saves its model in evaluation mode).
 
     >>> model = nf.load("mlp.safetensors", device="cpu")
     """
