@@ -77,6 +77,19 @@ def test_a_final_batch_smaller_than_the_ranks_is_left_out_and_bad_shards_are_ref
     assert [shard_bounds(7, r, 3) for r in range(3)] == [(0, 3), (3, 5), (5, 7)]
 
 
+def test_an_evaluation_shard_serves_the_short_last_batch_so_every_row_is_scored():
+    data = (np.arange(21, dtype=np.float32).reshape(21, 1), np.arange(21))
+    rows = []
+    for rank in range(2):
+        loader = DataLoader(data, batch_size=5)
+        loader.set_shard(rank, 2, short_last=True)
+        batches = [y for _, y in loader]
+        assert len(loader) == len(batches) == 5
+        rows.append(batches)
+    assert [len(y) for y in rows[0]] == [3, 3, 3, 3, 1] and [len(y) for y in rows[1]] == [2, 2, 2, 2, 0]
+    np.testing.assert_array_equal(np.sort(np.concatenate(rows[0] + rows[1])), np.arange(21))
+
+
 # ---------------------------------------------------------------------------------------------- the communicator
 def test_auto_reads_the_launcher_environment(monkeypatch):
     for variable in ("NEUROFLOW_DISTRIBUTED", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS", "PMIX_SIZE"):

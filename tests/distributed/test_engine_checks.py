@@ -17,6 +17,10 @@ def test_an_error_on_one_rank_ends_every_rank_instead_of_leaving_them_in_a_colle
     assert result.returncode != 0
     assert "rank 1 of 2 aborts the run: NonFiniteDataError" in result.stderr
     assert "finished" not in result.stdout
+    # the rows are named in the global batch of 8, whose rows 4..7 are rank 1's: not counted from rank 1's first
+    named = re.search(r"in sample\(s\) ([\d, ]+) of the global batch \(rank 1 of 2 holds them\)", result.stderr)
+    assert named is not None, result.stderr[-2000:]
+    assert all(4 <= int(row) < 8 for row in named.group(1).split(", "))
 
 
 def test_a_stop_asked_on_one_rank_stops_every_rank_after_the_same_step(launch):

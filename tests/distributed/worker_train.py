@@ -1,7 +1,7 @@
 """A training run for the data-parallel tests, under ``mpiexec -n N`` (or alone, for the reference).
 
 ``python worker_train.py OUT.npz --model mlp|cnn|cnnbn|nfcnn --optimizer sgd|adamw --steps S --batch B --accumulation K
-[--distributed mpi|none] [--debug] [--dtype float32|float64]`` trains S steps on fixed data with global batch B and
+[--distributed mpi|none] [--debug] [--dtype float32|float64] [--eval-rows R]`` trains S steps on fixed data with global batch B and
 writes (rank 0, or the process alone) the flat parameters, the step losses and each rank's parameter checksums per
 step to OUT.npz.
 """
@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=None)
     parser.add_argument("--sync-bn", action="store_true")
     parser.add_argument("--topk", type=float, default=None, help="gradient_compression='topk' with this ratio")
+    parser.add_argument("--eval-rows", type=int, default=None, help="evaluate on the first rows only (default: all)")
     args = parser.parse_args()
 
     model = build(args.model, args.dtype)
@@ -81,7 +82,7 @@ def main() -> None:
     both = [float(checksum), float(buffers)]
     sums = both if parallel is None else parallel.communicator.allreduce_scalars(both, "max")
     lows = both if parallel is None else parallel.communicator.allreduce_scalars(both, "min")
-    metrics = trainer.evaluate((x, y))
+    metrics = trainer.evaluate((x[:args.eval_rows], y[:args.eval_rows]))
     if trainer.is_root:
         np.savez(args.out, params=np.array(flat.data, dtype=np.float64), steps=trainer.step, size=size, rank=rank,
                  loss=np.array([row["loss"] for row in history]), checksum_max=sums[0], checksum_min=lows[0],

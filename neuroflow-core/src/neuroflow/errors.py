@@ -94,11 +94,12 @@ class NonFiniteDataError(NonFiniteLossError):
     """
 
     def __init__(self, step: int, loss: float, which: str, micro_batch: int, micro_batches: int,
-                 samples: list[int], count: int):
+                 samples: list[int], count: int, where: str | None = None):
         super().__init__(step, loss)
         self.which, self.micro_batch, self.micro_batches = which, micro_batch, micro_batches
         self.samples, self.count = samples, count
-        where = "the batch" if micro_batches == 1 else f"micro-batch {micro_batch} of {micro_batches}"
+        if where is None:  # ``where`` names the rows' batch otherwise (a data-parallel rank's share of it)
+            where = "the batch" if micro_batches == 1 else f"micro-batch {micro_batch} of {micro_batches}"
         rows = ", ".join(map(str, samples[:5])) + (", ..." if len(samples) > 5 else "")
         self.args = (
             f"loss became {loss} at step {step} because the training {which} hold NaN/Inf: {count} value(s), "

@@ -66,20 +66,25 @@ class DataLoader:
         self._pinned = True
         self._generation = 0  # which iterator may update the position; older ones no longer do
         self.shard: tuple[int, int] = (0, 1)  # (rank, ranks): the rows of each batch this process gathers
+        self._short_last = False  # set_shard(..., short_last=True): a last batch shorter than ranks is served too
 
     def __len__(self) -> int:
         """The number of batches in one full epoch."""
         n = len(self.dataset)
-        if self.drop_last or 0 < n % self.batch_size < self.shard[1]:  # too short a last batch to share: left out
+        if self.drop_last or (not self._short_last and 0 < n % self.batch_size < self.shard[1]):  # too short to share
             return n // self.batch_size
         return -(-n // self.batch_size)
 
-    def set_shard(self, rank: int, ranks: int) -> None:
+    def set_shard(self, rank: int, ranks: int, short_last: bool = False) -> None:
         """Give this process (``rank`` of ``ranks``) only its rows of every batch: :func:`shard_bounds` of it.
 
         The batches (their order and their samples) stay those of one
         process, so training sees the same global batches for any number of
-        ranks; a final batch with fewer samples than ranks is left out.
+        ranks; a final batch with fewer samples than ranks is left out (a
+        training step needs rows on every rank), unless ``short_last``: then
+        it is served too, and the ranks past its rows get an empty batch (an
+        evaluation, whose sums every rank adds once at the end, scores every
+        sample).
         """
         for name, value in (("rank", rank), ("ranks", ranks)):
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
@@ -89,7 +94,7 @@ class DataLoader:
         if ranks > self.batch_size:
             raise ValueError(f"a batch of {self.batch_size} samples cannot be shared by {ranks} ranks; "
                              f"use batch_size >= {ranks}")
-        self.shard = (int(rank), int(ranks))
+        self.shard, self._short_last = (int(rank), int(ranks)), bool(short_last)
 
     def __repr__(self) -> str:
         return (

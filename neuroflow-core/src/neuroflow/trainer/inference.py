@@ -49,6 +49,8 @@ def evaluate(session: MemorySession, loader: Any, classification: bool,
     evaluator = evaluator if evaluator is not None else evaluator_of(loss)
     with inference_mode(session) as model:
         for x, y in loader:
+            if not len(x):  # a data-parallel rank past the rows of a last batch shorter than the ranks
+                continue
             xd, yd = backend.from_host(x), backend.from_host(y)
             out = model.forward(xd)
             loss_sum += loss.forward(out, yd) * len(x)

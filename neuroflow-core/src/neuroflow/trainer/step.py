@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow.data.loader import shard_bounds
 from neuroflow.errors import NonFiniteDataError, NonFiniteLossError
 from neuroflow.losses.cross_entropy import CrossEntropy
 from neuroflow.optim.clip import clip_grad_norm
@@ -78,7 +79,7 @@ class OptimisationStep:
             logits = backend.start_to_host(out) if self.classification else None
             value = loss_fn.forward(out, yd)
             if not math.isfinite(value):
-                raise self.nonfinite_loss(value, micro_batches, x, y, xd)
+                raise self.nonfinite_loss(value, micro_batches, x, y, xd, total)
             if logits is not None:
                 correct += int((logits().argmax(axis=1) == y).sum())
             if streamed is not None:  # one micro-batch: the step is counted once its loss is known to be finite
@@ -120,7 +121,7 @@ class OptimisationStep:
         return mean_loss, correct
 
     def nonfinite_loss(self, value: float, micro_batches: list[tuple[Any, Any]], x: Any, y: Any,
-                       xd: Any) -> NonFiniteLossError:
+                       xd: Any, total: int) -> NonFiniteLossError:
         """The error for a non-finite loss: the batch's data when it holds NaN/Inf, else the first layer to blame.
 
         The data are checked here, once the loss is not finite, rather than before every forward: the hot
@@ -134,10 +135,23 @@ class OptimisationStep:
                 continue
             bad = ~np.isfinite(host).reshape(len(host), -1)
             if bad.any():
-                rows = np.flatnonzero(bad.any(axis=1))
-                return NonFiniteDataError(self.count + 1, value, which, index, len(micro_batches),
-                                          [int(r) for r in rows], int(bad.sum()))
+                where, first = self.share_of(micro_batches, index, total)
+                rows = [first + int(r) for r in np.flatnonzero(bad.any(axis=1))]
+                return NonFiniteDataError(self.count + 1, value, which, index, len(micro_batches), rows,
+                                          int(bad.sum()), where)
         return NonFiniteLossError(self.count + 1, value, self.first_nonfinite_layer(xd))
+
+    def share_of(self, micro_batches: list[tuple[Any, Any]], index: int, total: int) -> tuple[str | None, int]:
+        """For an error that names rows of micro-batch ``index``: the batch to name them in (None: the one the
+        step was given) and the row of it where this process's rows start. A data-parallel rank's one micro-batch
+        is a run of the step's ``total`` global rows, named in the global batch; several are its share of each."""
+        parallel = self.parallel
+        if parallel is None or parallel.size == 1:
+            return None, 0
+        if len(micro_batches) == 1:
+            start = shard_bounds(total, parallel.rank, parallel.size)[0]
+            return f"the global batch (rank {parallel.rank} of {parallel.size} holds them)", start
+        return f"rank {parallel.rank}'s share of micro-batch {index} of {len(micro_batches)}", 0
 
     def first_nonfinite_layer(self, x: Any) -> str | None:
         """Re-run the forward layer by layer to name the first layer whose output is not finite."""

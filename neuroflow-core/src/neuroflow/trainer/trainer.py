@@ -309,7 +309,7 @@ class Trainer:
     def evaluate(self, data: Any, evaluator: Any = None) -> dict[str, float]:
         """Mean loss (accuracy for classification; ``evaluator``'s or the loss's metrics) over ``data``; any thread."""
         parallel = self.parallel  # each rank evaluates its rows of every batch; the sums are added up
-        return inference.evaluate(self.memory, self._loader(data, shuffle=False), self._steps.classification,
+        return inference.evaluate(self.memory, self._loader(data, shuffle=False, evaluation=True), self._steps.classification,
                                   evaluator, reduce=None if parallel is None else parallel.reduce_sums)
 
     def predict(self, x: Any) -> np.ndarray:
@@ -321,13 +321,13 @@ class Trainer:
         return inference.predict(self.memory, np.asarray(x), self.memory.batch_size)
 
     # ------------------------------------------------------------------ data
-    def _loader(self, data: Any, shuffle: bool) -> Any:
+    def _loader(self, data: Any, shuffle: bool, evaluation: bool = False) -> Any:
         if isinstance(data, DataLoader):
             loader = data
         else:
             loader = DataLoader(as_dataset(data), batch_size=self.memory.batch_size, shuffle=shuffle, seed=self.seed)
         if self.parallel is not None:  # the batches stay the global ones; this rank gathers its rows of each
-            loader.set_shard(self.parallel.rank, self.parallel.size)
+            loader.set_shard(self.parallel.rank, self.parallel.size, short_last=evaluation)  # evaluate scores every row
         return loader
 
     @staticmethod
