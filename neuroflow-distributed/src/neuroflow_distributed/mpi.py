@@ -1,8 +1,8 @@
 """MPICommunicator: the ``mpi`` communicator, over mpi4py on host (numpy) buffers.
 
 Collectives run on a duplicate of ``COMM_WORLD``, so they never match a
-user's own MPI calls. Device arrays (CuPy) are staged through host buffers
-kept per shape, so a steady-state step allocates nothing.
+user's own MPI calls. Device arrays (CuPy, OpenCL) are staged through host
+buffers kept per shape, so a steady-state CuPy step allocates nothing.
 """
 
 from __future__ import annotations
@@ -148,16 +148,24 @@ class MPICommunicator:
                                         f"with strides {array.strides}")
             return array
         if not hasattr(array, "get"):
-            raise CommunicatorError(f"the mpi communicator takes numpy or CuPy arrays; got {type(array).__name__}")
+            raise CommunicatorError(f"the mpi communicator takes numpy, CuPy or OpenCL arrays; got "
+                                    f"{type(array).__name__}")
         key = (id(array) if own else 0, tuple(array.shape), str(array.dtype))
         kept = self._staging.get(key)
         if kept is None or kept[0] is not array and own:
             kept = self._staging[key] = (array if own else None, np.empty(array.shape, dtype=array.dtype))
         host = kept[1]
-        array.get(out=host)
+        if type(array).__module__.split(".")[0] == "cupy":
+            array.get(out=host)
+        else:  # an OpenCL array (NeuroFlow's ClArray, pyopencl's Array): its get() returns a new host copy
+            np.copyto(host, array.get())
         return host
 
     @staticmethod
     def _back(array: Any, host: np.ndarray) -> None:
-        if host is not array:
+        if host is array:
+            return
+        if hasattr(array, "set"):  # CuPy, pyopencl
             array.set(host)
+        else:  # NeuroFlow's ClArray copies a host array in by assignment
+            array[...] = host

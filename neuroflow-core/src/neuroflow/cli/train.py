@@ -6,18 +6,22 @@ import argparse
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from neuroflow import registry
-from neuroflow.checkpoint import save
+from neuroflow.checkpoint import latest_checkpoint, save
 from neuroflow.cli.arguments import positive_int
 from neuroflow.config import Config, SeriesWindows, load_config
 from neuroflow.errors import ConfigError
 from neuroflow.lora import fuse
+from neuroflow.trainer.communicator import open_communicator, requested_communicator
+from neuroflow.trainer.data_parallel import DataParallel
+from neuroflow.trainer.options import TrainerOptions
 
 HELP = "train a model described by a TOML config file"
 
@@ -79,7 +83,40 @@ def _launch(args: argparse.Namespace, config: Config) -> int:
     if launch is None:
         raise ConfigError(f"communicator {name!r} cannot start processes itself; start them with your launcher "
                           f"(mpiexec -n {args.nproc} neuroflow train {args.config})")
-    return int(launch(args.nproc, _worker_argv(args), name))
+    batch = int(config.trainer.get("batch_size", TrainerOptions.batch_size))
+    if batch < args.nproc:  # else every rank fails alike on its first batch
+        raise ConfigError(f"--nproc {args.nproc} shares each batch among {args.nproc} ranks, but the batch has "
+                          f"{batch} sample(s); use --batch-size {args.nproc} or more, or fewer processes")
+    code = int(launch(args.nproc, _worker_argv(args), name))
+    if code != 0:
+        _advise_resume(config)
+    return code
+
+
+def _advise_resume(config: Config) -> None:
+    """After a run that failed: say that ``--resume`` continues it, when the config's checkpoint_dir holds one."""
+    directory = config.trainer.get("checkpoint_dir")
+    latest = None if directory is None else latest_checkpoint(config.path(directory))
+    if latest is not None:
+        print(f"neuroflow: the last checkpoint ({latest}) is intact: run the same command with --resume to continue "
+              f"from it", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _ranks_met(config: Config) -> Iterator[None]:
+    """Under a launcher, the run's communicator is opened first, for as long as the run: every rank has then met
+    the others (MPI's initialisation waits for all of them), so a rank that fails later, on its own (a data file
+    missing on its host), ends every rank instead of leaving them waiting in that initialisation for ever."""
+    name = requested_communicator(config.trainer.get("distributed"))
+    if name is None:
+        yield
+        return
+    parallel = DataParallel(open_communicator(name))
+    try:
+        with parallel.guard():  # a failure on one rank aborts every rank, naming it
+            yield
+    finally:
+        parallel.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,16 +132,15 @@ def run(args: argparse.Namespace) -> int:
     if args.save is not None:  # made absolute, so it is not taken relative to the config file
         config = dataclasses.replace(config, output={**(config.output or {}), "save": str(Path(args.save).resolve())})
     _saver(config)  # checked before training, not after
-    train, test = config.build_data()
-    if config.validate and test is not None and len(test) == 0:
-        raise ConfigError("validate = true evaluates the test split after every epoch, but the config's [data] "
-                          "gives an empty one (0 samples); give it samples ([data] n_test = 100 for a data set, rows "
-                          "in the test .npz) or set validate = false")
-    model = config.build_model(train)
-    trainer = config.build_trainer(model)
-    parallel = trainer.parallel  # a data-parallel run: every rank trains, rank 0 alone prints and writes
-    say = print if trainer.is_root else _quiet
-    with contextlib.nullcontext() if parallel is None else parallel.guard():  # a failure here ends every rank
+    with _ranks_met(config):
+        train, test = config.build_data()
+        if config.validate and test is not None and len(test) == 0:
+            raise ConfigError("validate = true evaluates the test split after every epoch, but the config's [data] "
+                              "gives an empty one (0 samples); give it samples ([data] n_test = 100 for a data set, "
+                              "rows in the test .npz) or set validate = false")
+        model = config.build_model(train)
+        trainer = config.build_trainer(model)
+        say = print if trainer.is_root else _quiet
         _train(args, config, trainer, model, train, test, say)
     return 0
 
