@@ -45,6 +45,7 @@ def test_one_process_through_mpiexec_is_a_run_of_one_rank(tmp_path):
     result = neuroflow("train", str(config), "--nproc", "1", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "starting 1 ranks" in result.stderr and "test: loss" in result.stdout
+    assert "1 ranks (the batch" not in result.stdout  # the data line of one rank reads as one process's
 
 
 def test_workers_get_the_same_arguments_less_nproc(tmp_path):

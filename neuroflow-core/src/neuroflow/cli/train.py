@@ -206,7 +206,9 @@ def _test(trainer: Any, test: Any, say: Callable[..., None]) -> None:
 
 def _ranks(trainer: Any) -> str:
     parallel = trainer.parallel
-    return "" if parallel is None else f", {parallel.size} ranks (the batch is the global one, shared by the ranks)"
+    if parallel is None or parallel.size == 1:  # distributed = "mpi" under plain python: one process, as without
+        return ""
+    return f", {parallel.size} ranks (the batch is the global one, shared by the ranks)"
 
 
 def _ranks_note(info: Any, trainer: Any) -> str:
