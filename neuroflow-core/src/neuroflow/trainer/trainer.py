@@ -214,6 +214,8 @@ class Trainer:
             raise ConfigError(f"train_step got {len(x)} inputs and {len(y)} targets")
         if len(x) == 0:
             raise ConfigError("train_step got an empty batch")
+        if not self.memory.budget_checked:  # before the split: a budget may choose more micro-batches
+            budget.fit_to_budget(self.memory, tuple(x.shape[1:]))
         with self.checkpoints.naming_resume_point(), guard(self.parallel):
             loss, _ = self._steps.run(self._steps.split(x, y))
         return loss
