@@ -55,7 +55,9 @@ class BufferPool:
                 return held
             if held.ndim == len(shape) and held.shape[1:] == shape[1:] and held.shape[0] >= shape[0]:
                 return held[: shape[0]]
-        if held is not None and held.base is not None and self.plan is None:
+        if held is not None and held.base is not None:
+            # the replaced buffer goes back to the allocator, planned pool or not (a planned view is no allocation
+            # of the allocator's, and freeing it does nothing): else every new shape for a slot keeps the old one
             self.allocator.free(held)
         array = self._allocate(shape, dtype)
         self._held[slot] = array

@@ -184,8 +184,11 @@ class MemorySession:
         the budget, planned for them, loaded, and the gradients zeroed."""
         if not self.budget_checked:
             budget.fit_to_budget(self, sample_shape)
-        if self.pool is not None and largest > self.planned_batch:
-            self.attach(None)  # a larger batch than planned: trace and plan again
+        if self.pool is not None and (largest > self.planned_batch or sample_shape != self.sample_shape):
+            # a larger batch, or samples of another shape, than planned: trace and plan again; the old pool and its
+            # arena go with this detach (finish_trace reserves a new one), so shapes that alternate re-plan at each
+            # change and never accumulate buffers for the other shape
+            self.attach(None)
         if self.offload is not None:
             self.offload.ensure_loaded()
         pool = self.pool
@@ -193,7 +196,8 @@ class MemorySession:
         flat.zero_grad(whole)
 
     def start_trace(self, sample_shape: tuple[int, ...]) -> TracingPool | None:
-        """A tracing pool for this micro-batch when no plan exists yet (the first step, or a larger batch)."""
+        """A tracing pool for this micro-batch when no plan exists yet (the first step, a larger batch, or samples of
+        another shape)."""
         if self.pool is not None:
             return None
         tracer = TracingPool(self.backend.xp)
