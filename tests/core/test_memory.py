@@ -501,3 +501,9 @@ def test_relu_gradient_over_its_output_equals_the_gradient_without_a_pool(pool_k
         runs.append([p.grad.copy() for p in model.parameters()])
     for a, b in zip(*runs):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("budget", ["3", float("nan"), float("inf"), True, 0, -1.0])
+def test_profile_refuses_a_budget_that_is_not_a_positive_finite_number(budget):
+    with pytest.raises(nf.errors.ConfigError, match="budget_mb must be a positive finite number of MiB"):
+        nf.memory.profile(mlp(1), (8, 784), budget_mb=budget)

@@ -195,8 +195,9 @@ def profile(
     """
     if not input_shape or int(input_shape[0]) < 1:
         raise ConfigError(f"input_shape must start with a positive batch size; got {tuple(input_shape)}")
-    if budget_mb is not None and budget_mb <= 0:
-        raise ConfigError(f"budget_mb must be positive; got {budget_mb}")
+    number = isinstance(budget_mb, int | float | np.integer | np.floating) and not isinstance(budget_mb, bool)
+    if budget_mb is not None and not (number and budget_mb > 0 and math.isfinite(budget_mb)):
+        raise ConfigError(f"budget_mb must be a positive finite number of MiB; got {budget_mb!r}")
     loss = loss if loss is not None else CrossEntropy()
     params = model.parameters()
     if dtype is None:
