@@ -311,8 +311,9 @@ class Trainer:
     def evaluate(self, data: Any, evaluator: Any = None) -> dict[str, float]:
         """Mean loss (accuracy for classification; ``evaluator``'s or the loss's metrics) over ``data``; any thread."""
         parallel = self.parallel  # each rank evaluates its rows of every batch; the sums are added up
-        return inference.evaluate(self.memory, self._loader(data, shuffle=False, evaluation=True), self._steps.classification,
-                                  evaluator, reduce=None if parallel is None else parallel.reduce_sums)
+        loader = self._loader(data, shuffle=False, evaluation=True)
+        return inference.evaluate(self.memory, loader, self._steps.classification, evaluator,
+                                  reduce=None if parallel is None else parallel.reduce_sums)
 
     def predict(self, x: Any) -> np.ndarray:
         """Model outputs for host array ``x`` as a host array (class probabilities for CrossEntropy).
