@@ -54,7 +54,7 @@ LAZY_MARK = "lazy:"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("neuroflow.version", "neuroflow.errors", "neuroflow.tensor", "neuroflow.random", "neuroflow.debug", "neuroflow.hookspecs",
               "neuroflow.registry", "neuroflow.plugins", "neuroflow.history", "neuroflow.progress",
-              "neuroflow.schedulers", "neuroflow.data")),
+              "neuroflow.schedulers", "neuroflow.data", "neuroflow.replay")),
     ("backends", ("neuroflow.backends", "neuroflow.allocators")),
     ("buffers", ("neuroflow.buffers",)),
     ("operator", ("neuroflow.operator", "neuroflow.testing")),

@@ -129,7 +129,7 @@ class Sequential(Operator):
         (:meth:`~Operator.input_keeper`) is let go until backward, which writes it again just before the
         consumer's: one elementwise pass (a BatchNorm's) buys the memory of a feature map between forward and
         backward. A tracing pool is told of each output as it is read (see :func:`report_forward_read`)."""
-        tracing = pool.tracing
+        tracing, recording = pool.tracing, getattr(pool, "recording", None)
         shapes: list[tuple[int, ...]] | None = [] if debug.enabled() else None
         recomputed: list[tuple[int, Operator]] = []  # (consumer's index, its keeper): no arrays kept
         producer: Operator | None = None
@@ -137,6 +137,8 @@ class Sequential(Operator):
             if shapes is not None:
                 shapes.append(tuple(x.shape))
             y = layer.forward(x)
+            if recording is not None:
+                recording.forward(layer, x, y)
             keeper = None
             if producer is not None and self.training and self.recompute_outputs:
                 keeper = _keeper_to_refill(producer, layer, x)
@@ -165,8 +167,12 @@ class Sequential(Operator):
                     break
                 debug.check_gradient_shape(layer, shape, g)
             return g
+        recording = getattr(pool, "recording", None)
         for layer in reversed(run):
-            g = layer.backward(g)
+            produced = layer.backward(g)
+            if recording is not None:
+                recording.backward(layer, g, produced)
+            g = produced
             if g is None:  # the first layer skipped its input gradient
                 break
         return g
@@ -191,6 +197,13 @@ class Sequential(Operator):
             if g is None:  # the first layer skipped its input gradient
                 break
         return g
+
+    def replay_forward(self, x: Any, y: Any) -> list[Any] | None:
+        """Nothing of its own: the layers it ran reported their calls (None when it let an output go)."""
+        return None if self._recomputed or debug.enabled() else []
+
+    def replay_backward(self, grad_out: Any, grad_in: Any) -> list[Any] | None:
+        return None if self._recomputed or debug.enabled() else []
 
     def writes_output_again(self) -> bool:
         run = self._run

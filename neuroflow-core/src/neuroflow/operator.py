@@ -139,6 +139,8 @@ class Operator:
         elif isinstance(value, Operator):
             self._children[name] = value
             _structure_changed()
+        elif callable(value) and callable(getattr(type(self), name, None)):
+            _structure_changed()  # a method replaced on the instance (``layer.forward = f``): runs differ now
         object.__setattr__(self, name, value)
 
     def register_buffer(self, name: str, tensor: Tensor) -> None:

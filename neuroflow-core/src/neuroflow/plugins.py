@@ -71,6 +71,8 @@ def call_hook(hook: str, **arguments: Any) -> Any:
     The error is a :class:`PluginHookError` chained to what the plugin raised.
     """
     caller = getattr(plugin_manager().hook, hook)
+    if not caller.get_hookimpls():  # what pluggy's call gives when nothing implements it, without its work
+        return None if caller.spec is not None and caller.spec.opts.get("firstresult") else []
     try:
         return caller(**arguments)
     except Exception as exc:

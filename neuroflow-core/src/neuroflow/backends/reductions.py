@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -76,6 +77,14 @@ def _rows_block(m: int) -> int:
 def _last_block(s: int) -> int:
     """Elements per block along a contiguous last axis: long blocks (vectorised inner products) up to √s."""
     return max(CONTIGUOUS_BLOCK, math.isqrt(s))
+
+
+def sum_rows_call(xp: Any, a: Any, out: Any) -> Callable[[], Any]:
+    """``sum_rows(xp, a, out=out)`` as a call to repeat on the same arrays (a replayed step's, see
+    :mod:`neuroflow.replay`): the one-stage product itself when ``a`` has few rows."""
+    if a.shape[-2] <= SEQUENTIAL_LIMIT:
+        return functools.partial(xp.matmul, ones(xp, a.shape[-2], a.dtype), a, out=out)
+    return functools.partial(sum_rows, xp, a, out=out)
 
 
 def sum_rows(xp: Any, a: Any, out: Any = None) -> Any:

@@ -33,6 +33,7 @@ class FlatParameters:
         self.grad = xp.zeros(total, dtype=dtype)
         offset = 0
         self.slices: list[slice] = []
+        self._views: list[Any] = []  # each parameter's data as packed: a parameter given another array is not ours
         for p, size in zip(params, self.sizes):
             view = slice(offset, offset + size)
             self.data[view] = p.data.reshape(-1)
@@ -41,6 +42,7 @@ class FlatParameters:
             p.data = self.data[view].reshape(p.data.shape)
             p.grad = self.grad[view].reshape(p.data.shape)
             self.slices.append(view)
+            self._views.append(p.data)
             offset += size
         self._zeroed_for: frozenset[int] = frozenset()
         self._zero_ranges: list[tuple[int, int]] = []
@@ -94,7 +96,8 @@ class FlatParameters:
         self._zeroed_for, self._zero_ranges = frozenset(), []
 
     def owns(self, params: list[Tensor]) -> bool:
-        """Whether ``params`` are still the views this object created (no one rebound them)."""
+        """Whether ``params`` are still the views this object created (no one rebound them, not even to another view
+        of some array: its values would be trained nowhere)."""
         return len(params) == len(self.params) and all(
-            p is q and p.data.base is not None for p, q in zip(params, self.params)
+            p is q and p.data is view for p, q, view in zip(params, self.params, self._views)
         )

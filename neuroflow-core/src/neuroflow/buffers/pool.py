@@ -32,6 +32,8 @@ class BufferPool:
     #: Set by a Trainer that updates inside backward: ``sink(param, gradient)`` applies ``param``'s update and
     #: returns True when it takes that parameter's gradients (see ``Operator.accumulate_grad``).
     gradient_sink: Any = None
+    #: A step's :class:`~neuroflow.replay.Recording` while a Trainer records one: composites report their layers.
+    recording: Any = None
 
     def __init__(self, allocator: Allocator, plan: Plan | None = None, strict: bool = False) -> None:
         #: ids of the parameters whose gradient an op wrote whole into ``param.grad`` (see

@@ -74,6 +74,8 @@ class TracingPool:
     tracing = True
     grads_zeroed = False
     gradient_sink: Any = None  # as BufferPool's
+    #: A step's :class:`~neuroflow.replay.Recording` while a Trainer records one: composites report their layers.
+    recording: Any = None
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -22,6 +23,33 @@ def _mean(xp: Any, a: Any) -> float:
         return float(a.mean())
     total = np.add.reduce(a)
     return float(total.dtype.type(total / np.intp(a.shape[0])))
+
+
+def _softmax_nll(xp: Any, pred: Any, target: Any, z: Any, rows: Any, row: Any) -> float:
+    """Mean −log softmax(pred)[target] over n > 0 rows; the softmax left in ``z`` (``row``: an (n, 1) scratch)."""
+    (np.maximum.reduce if xp is np else xp.max)(pred, axis=1, keepdims=True, out=row)  # numpy: no Python layer
+    xp.subtract(pred, row, out=z)
+    shifted_label = z[rows, target]
+    xp.exp(z, out=z)
+    sums = (np.add.reduce if xp is np else xp.sum)(z, axis=1, keepdims=True, out=row)  # the maxima are spent
+    z /= sums
+    log_norm = xp.log(sums[:, 0])
+    xp.subtract(log_norm, shifted_label, out=log_norm)
+    return _mean(xp, log_norm)
+
+
+def _checked_softmax_nll(pred: Any, target: Any, z: Any, rows: Any, row: Any) -> float:
+    """:func:`_softmax_nll` on numpy after ``CrossEntropy._check_labels``'s test; NaN for a label out of range."""
+    if target.dtype.kind not in "iu" or int(np.maximum.reduce(target.view(_UNSIGNED[target.dtype.itemsize]),
+                                                              axis=None)) >= z.shape[1]:
+        return math.nan
+    return _softmax_nll(np, pred, target, z, rows, row)
+
+
+def _nll_gradient(g: Any, rows: Any, labels: Any, weight: float, factor: float) -> None:
+    """The softmax in ``g`` less ``weight`` at each row's label, times ``factor``: the loss's gradient, in place."""
+    g[rows, labels] -= weight
+    g *= factor
 
 
 class CrossEntropy(Loss):
@@ -63,22 +91,39 @@ class CrossEntropy(Loss):
         if n:
             self._check_labels(target, c)
         rows, row = self._rows(xp, n, pred.dtype)
+        self._probs, self._labels = z, target
+        if n and not self.label_smoothing:
+            return _softmax_nll(xp, pred, target, z, rows, row)
         (np.maximum.reduce if xp is np else xp.max)(pred, axis=1, keepdims=True, out=row)  # numpy: no Python layer
         xp.subtract(pred, row, out=z)
         shifted_label = z[rows, target]
         shifted_mean = z.mean(axis=1) if self.label_smoothing else None
         xp.exp(z, out=z)
-        sums = (np.add.reduce if xp is np else xp.sum)(z, axis=1, keepdims=True, out=row)  # the row maxima are spent: their buffer takes the sums
+        sums = (np.add.reduce if xp is np else xp.sum)(z, axis=1, keepdims=True, out=row)
         z /= sums
-        self._probs, self._labels = z, target
         if not n:
             return 0.0
         log_norm = xp.log(sums[:, 0])
-        if self.label_smoothing:
-            smooth = _mean(xp, log_norm - shifted_mean)
-            return (1.0 - self.label_smoothing) * _mean(xp, log_norm - shifted_label) + self.label_smoothing * smooth
-        xp.subtract(log_norm, shifted_label, out=log_norm)
-        return _mean(xp, log_norm)
+        smooth = _mean(xp, log_norm - shifted_mean)
+        return (1.0 - self.label_smoothing) * _mean(xp, log_norm - shifted_label) + self.label_smoothing * smooth
+
+    def replay_forward(self, pred: Any, target: Any) -> Any:
+        """The loss of the forward just run, on the same arrays (see :mod:`neuroflow.replay`): NaN for a label out
+        of range, so that the runtime runs the loss itself to say which; None where forward decides more per call."""
+        probs, n = self._probs, len(target)
+        if (array_namespace(pred) is not np or self.label_smoothing or not n or probs is None
+                or self.fused(kernels.SOFTMAX_CROSS_ENTROPY.name, pred) is not None):
+            return None
+        rows, row = self._rows(np, n, pred.dtype)
+        return functools.partial(_checked_softmax_nll, pred, target, probs, rows, row)
+
+    def replay_backward(self, scale: float, grad: Any) -> list[Any] | None:
+        """The calls the backward just run made (``grad`` is the probabilities it overwrote)."""
+        if self.label_smoothing or self.fused(kernels.SOFTMAX_CROSS_ENTROPY_BACKWARD.name, grad) is not None:
+            return None
+        n = grad.shape[0]
+        return [functools.partial(_nll_gradient, grad, self._rows(np, n, grad.dtype)[0], self._labels,
+                                  1.0 - self.label_smoothing, scale / max(n, 1))]
 
     def _rows(self, xp: Any, n: int, dtype: Any) -> tuple[Any, Any]:
         """``xp.arange(n)`` (the rows the labels pick from) and an (n, 1) scratch of ``dtype`` for per-row
@@ -114,8 +159,7 @@ class CrossEntropy(Loss):
         eps = self.label_smoothing
         if eps:
             g -= eps / c
-        g[self._rows(xp, n, g.dtype)[0], labels] -= 1.0 - eps
-        g *= scale / max(n, 1)
+        _nll_gradient(g, self._rows(xp, n, g.dtype)[0], labels, 1.0 - eps, scale / max(n, 1))
         return g
 
     def predictions(self, output: Any) -> Any:

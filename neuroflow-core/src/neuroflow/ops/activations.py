@@ -6,6 +6,7 @@ steady-state step allocates nothing, and caches one array for backward.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -101,6 +102,28 @@ class ReLU(_Elementwise):
         else:
             xp.greater(y, 0, out=gx)
             gx *= g
+
+    def replay_forward(self, x: Any, y: Any) -> list[Any] | None:
+        if self.xp is not np or not y.ndim:
+            return None
+        if 2 * y.size < cpu_parallel.MIN_PARALLEL:  # what cpu_parallel.ufunc would call
+            return [functools.partial(np.maximum, x, 0, out=y)]
+        return [functools.partial(cpu_parallel.ufunc, np.maximum, x, 0, out=y)]
+
+    def replay_backward(self, grad_out: Any, grad_in: Any) -> list[Any] | None:
+        y = self._cache
+        if self.xp is not np or not grad_in.ndim or self.fused(kernels.ACTIVATION_BACKWARD.name, grad_out) is not None:
+            return None
+
+        if 3 * grad_in.size < cpu_parallel.MIN_PARALLEL:  # what for_chunks would run, in one piece
+            return [functools.partial(np.greater, y, 0, out=grad_in),
+                    functools.partial(np.multiply, grad_in, grad_out, out=grad_in)]
+
+        def run(lo: int, hi: int) -> None:  # backward's, on the arrays of the step recorded
+            np.greater(y[lo:hi], 0, out=grad_in[lo:hi])
+            grad_in[lo:hi] *= grad_out[lo:hi]
+
+        return [functools.partial(cpu_parallel.for_chunks, grad_in.shape[0], run, 3 * grad_in.size)]
 
 
 class LeakyReLU(_Elementwise):

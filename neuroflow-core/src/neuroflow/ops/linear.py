@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -9,7 +10,7 @@ import numpy as np
 
 from neuroflow import random
 from neuroflow.backends import kernels
-from neuroflow.backends.reductions import sum_rows
+from neuroflow.backends.reductions import sum_rows, sum_rows_call
 from neuroflow.errors import ShapeError
 from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow.tensor import Tensor
@@ -92,6 +93,31 @@ class Linear(Operator):
             sum_rows(xp, g2, out=gb)  # blocked: a batch of many rows keeps float32's digits
             if add:
                 self.accumulate_grad(self.bias, gb)
+
+    def replay_forward(self, x: Any, y: Any) -> list[Any] | None:
+        if self.xp is not np or x.ndim != 2 or (self.has_bias and self.fused(kernels.LINEAR.name, x) is not None):
+            return None
+        calls = [functools.partial(np.matmul, x, self.weight.data.T, out=y)]
+        if self.has_bias:
+            calls.append(functools.partial(np.add, y, self.bias.data, out=y))
+        return calls
+
+    def replay_backward(self, grad_out: Any, grad_in: Any) -> list[Any] | None:
+        x2, params = self._x, [self.weight] + ([self.bias] if self.has_bias else [])
+        if self.xp is not np or grad_out.ndim != 2 or x2 is None or x2.ndim != 2:
+            return None
+        if len(params) == 2 and self.fused(kernels.LINEAR_WEIGHT_GRAD.name, grad_out) is not None:
+            return None
+        # gradients written whole into param.grad, as backward wrote them (none added into a kept sum)
+        if not all(p.requires_grad and p.grad is not None and self.writes_whole_gradient(p) for p in params):
+            return None
+        calls: list[Any] = []
+        if grad_in is not None:
+            calls.append(functools.partial(np.matmul, grad_out, self.weight.data, out=grad_in))
+        calls.append(functools.partial(np.matmul, grad_out.T, x2, out=self.weight.grad))
+        if self.has_bias:
+            calls.append(sum_rows_call(np, grad_out, out=self.bias.grad))
+        return calls
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
         if tuple(input_shape[-1:]) != (self.in_features,):

@@ -9,12 +9,26 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow import debug
 from neuroflow.data.loader import shard_bounds
 from neuroflow.errors import NonFiniteDataError, NonFiniteLossError
 from neuroflow.losses.cross_entropy import CrossEntropy
+from neuroflow.operator import structure_generation
 from neuroflow.optim.clip import clip_grad_norm
+from neuroflow.replay import Recording, StepReplay
 from neuroflow.trainer.data_parallel import DataParallel
 from neuroflow.trainer.session import MemorySession
+
+#: Where a step's key (``OptimisationStep._key``) holds the pool, and where the batch's shapes and types start.
+_POOL, _SHAPES = 4, 10
+#: Replays held at once, one per batch shape: the full batch and an epoch's last, short one (and a few more).
+_MOST_REPLAYS = 4
+
+
+def _settings(loss: Any) -> Any:
+    """A loss's settings as its ``get_config`` gives them (a replay recorded with others is not used)."""
+    get_config = getattr(loss, "get_config", None)
+    return None if get_config is None else get_config()
 
 
 class OptimisationStep:
@@ -27,7 +41,8 @@ class OptimisationStep:
     """
 
     def __init__(self, session: MemorySession, scheduler: Any, clip: float | None, update_in_backward: bool,
-                 on_step_end: Callable[[int, float], None], parallel: DataParallel | None = None) -> None:
+                 on_step_end: Callable[[int, float], None], parallel: DataParallel | None = None,
+                 replay: bool = True) -> None:
         self.session = session
         self.parallel = parallel
         self.scheduler = scheduler
@@ -39,6 +54,13 @@ class OptimisationStep:
         self.last_grad_norm: float | None = None
         #: the rows the last step trained on (all ranks' in a data-parallel run)
         self.last_rows = 0
+        #: whether a steady-state step may be recorded and replayed (:mod:`neuroflow.replay`)
+        self.replay_steps = replay
+        #: the replays held, by the batch's shapes and types (a few: the full batch, an epoch's short last one)
+        self.replays: dict[tuple[Any, ...], StepReplay] = {}
+        self._last_pool: Any = None  # the pool the last step ran on: a step on the same one is steady
+        self._refused: tuple[Any, ...] | None = None  # the key of the last step whose ops could not be recorded
+        self._recording_now: Recording | None = None
 
     def split(self, x: Any, y: Any) -> list[tuple[Any, Any]]:
         """Host arrays ``x``, ``y`` as the micro-batches of one step (their gradients add up to the batch's); with
@@ -50,8 +72,59 @@ class OptimisationStep:
     def run(self, micro_batches: list[tuple[Any, Any]]) -> tuple[float, int]:
         """One step over ``micro_batches``; the mean loss and, for classification, the correct predictions."""
         session = self.session
+        if self.replays and len(micro_batches) == 1:
+            replayed = self._replayed(session, *micro_batches[0])
+            if replayed is not None:
+                return replayed
         with session.lend():
-            return self._run(session, micro_batches)
+            try:
+                return self._run(session, micro_batches)
+            finally:
+                if self._recording_now is not None:  # the step is over, whether it was recorded or failed
+                    self._recording_now.stop()
+                    self._recording_now = None
+
+    def _key(self, x: Any, y: Any) -> tuple[Any, ...]:
+        """What a replay depends on beyond its arrays: the model's structure and packing, the pool, the arrays'
+        shapes and types, the features that change a step (each checked when the step is recorded)."""
+        session = self.session
+        return (structure_generation(), session.model, session.loss, _settings(session.loss), session.pool,
+                session.flat, session.streamed, session.offload, session.compressor, debug.enabled(),
+                x.shape, x.dtype, y.shape, y.dtype)
+
+    @property
+    def replay(self) -> StepReplay | None:
+        """The replay recorded last, or None."""
+        return next(reversed(self.replays.values()), None)
+
+    def _replayed(self, session: MemorySession, x: Any, y: Any) -> tuple[float, int] | None:
+        """The step as the replay of its shapes, when nothing it depends on changed (else None: the ops run it, and
+        replays whose model, packing or plan changed are dropped); None too when the loss is not finite or a label
+        is out of range, so that the ops run the step again and say what is wrong."""
+        with session.lock:
+            flat = session.ready()
+            if not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray):
+                return None
+            key = self._key(x, y)
+            replay = self.replays.get(key[_SHAPES:])
+            if replay is None or key != replay.key or not replay.still():
+                if replay is not None or key[:_SHAPES] != next(iter(self.replays.values())).key[:_SHAPES]:
+                    self.replays.clear()  # what they were made of changed
+                return None
+            model = session.model
+            if not model.training:
+                model.train()
+            session.prepare_step(flat, tuple(x.shape[1:]), len(x))
+            if session.pool is not replay.key[_POOL]:  # planned anew
+                self.replays.clear()
+                return None
+            lr = self.scheduler.lr(self.count) if self.scheduler is not None else None
+            value = replay.forward(x, y)
+            if value is None:
+                return None
+            correct = int((replay.output.argmax(axis=1) == y).sum()) if self.classification else 0
+            replay.backward()
+            return self._update(session, flat, lr, value * len(x), correct, len(x))
 
     def _run(self, session: MemorySession, micro_batches: list[tuple[Any, Any]]) -> tuple[float, int]:
         model, loss_fn, backend = session.model, session.loss, session.backend
@@ -70,9 +143,13 @@ class OptimisationStep:
         loss_sum = 0.0
         correct = 0
         ordered = sorted(micro_batches, key=lambda b: -len(b[0]))
+        recording = self._recording(micro_batches)
+        pool, self._last_pool = session.pool, session.pool
         for x, y in ordered:
             tracer = session.start_trace(tuple(x.shape[1:]))
             xd, yd = backend.from_host(x), backend.from_host(y)
+            if recording is not None:
+                recording.start(xd, yd, pool)
             out = model.forward(xd)
             # the logits are small ((batch, classes)): counted on the host, their copy started before the loss
             # so that the loss's read back is the only wait
@@ -80,6 +157,8 @@ class OptimisationStep:
             value = loss_fn.forward(out, yd)
             if not math.isfinite(value):
                 raise self.nonfinite_loss(value, micro_batches, x, y, xd, total)
+            if recording is not None:
+                recording.model(model, xd, out).loss(loss_fn, out, yd)
             if logits is not None:
                 correct += int((logits().argmax(axis=1) == y).sum())
             if streamed is not None:  # one micro-batch: the step is counted once its loss is known to be finite
@@ -87,7 +166,11 @@ class OptimisationStep:
             if parallel is not None and x is ordered[-1][0]:
                 parallel.begin_backward()  # the step's last backward: its final gradients go out as they come
             g = loss_fn.backward(scale=len(x) / total)
+            if recording is not None:
+                recording.loss_backward(loss_fn, len(x) / total, g)
             gx = model.backward(g)
+            if recording is not None:
+                self._recorded(recording, model, g, gx, out, x, y)
             if tracer is not None:
                 tracer.handoff(g, gx, model)
                 tracer.release(gx)
@@ -97,6 +180,46 @@ class OptimisationStep:
                 # through the optimizer step, whose first call allocates the optimizer's state.
                 xd = yd = out = g = gx = logits = None
             loss_sum += value * len(x)
+        return self._update(session, flat, lr, loss_sum, correct, total)
+
+    def _recording(self, micro_batches: list[tuple[Any, Any]]) -> Recording | None:
+        """A recording of this step when it may become the replay: replays allowed and none held, one micro-batch
+        on numpy arrays, the same planned pool as the last step (a steady step), none of the features that change
+        a step per call, and not the key of a step already refused."""
+        session = self.session
+        if not self.replay_steps or len(micro_batches) != 1 or self.parallel is not None:
+            return None
+        x, y = micro_batches[0]
+        pool = session.pool
+        if (pool is None or pool is not self._last_pool or pool.tracing or session.backend.xp is not np
+                or not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray)):
+            return None
+        key = self._key(x, y)
+        if key[_SHAPES:] in self.replays or len(self.replays) >= _MOST_REPLAYS:
+            return None
+        streamed, offload, compressor, checks = key[_SHAPES - 4:_SHAPES]
+        if key == self._refused or streamed is not None or offload is not None or compressor is not None or checks:
+            return None
+        recording = self._recording_now = Recording(key)
+        return recording
+
+    def _recorded(self, recording: Recording, model: Any, g: Any, gx: Any, out: Any, x: Any, y: Any) -> None:
+        """After the recorded step's backward: the replay, or the key that was refused."""
+        recording.backward(model, g, gx)
+        recording.stop()
+        replay = recording.finish(out)
+        if replay is None or self._key(x, y) != recording.key:
+            self._refused = recording.key
+        else:
+            self.replays[recording.key[_SHAPES:]] = replay
+
+    def _update(self, session: MemorySession, flat: Any, lr: float | None, loss_sum: float, correct: int,
+                total: int) -> tuple[float, int]:
+        """The step after its backward: reduce or compress the gradients, clip, update, count; the mean loss and
+        the correct predictions."""
+        streamed = session.streamed
+        parallel = self.parallel
+        model = session.model
         if streamed is not None:
             streamed.update_kept()
         else:

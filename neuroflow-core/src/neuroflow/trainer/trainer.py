@@ -110,7 +110,7 @@ class Trainer:
         # The parts call back through weak references: a Trainer nothing refers to is freed at once, and with it
         # the checkpoint directory it holds (neuroflow.checkpoint.lock).
         self._steps = OptimisationStep(self.memory, scheduler, options.clip_grad_norm, options.update_in_backward,
-                                       _weakly(self._step_ended), self.parallel)
+                                       _weakly(self._step_ended), self.parallel, options.replay_steps)
         self.checkpoints = Checkpointing(options.checkpoint_dir, options.checkpoint_every, options.keep_checkpoints,
                                          writes=self.is_root)
         self._epochs = EpochRunner(self._steps, self._interruption, options.augment, _weakly(self._after_step),
