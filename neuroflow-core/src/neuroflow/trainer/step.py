@@ -69,16 +69,17 @@ class OptimisationStep:
         parts = [(x, y)] if k == 1 else list(zip(np.array_split(x, k), np.array_split(y, k)))
         return parts if self.parallel is None else [self.parallel.shard(bx, by) for bx, by in parts]
 
-    def run(self, micro_batches: list[tuple[Any, Any]]) -> tuple[float, int]:
-        """One step over ``micro_batches``; the mean loss and, for classification, the correct predictions."""
+    def run(self, micro_batches: list[tuple[Any, Any]], count_correct: bool = True) -> tuple[float, int]:
+        """One step over ``micro_batches``; the mean loss and, for classification when ``count_correct`` (``fit``
+        reports accuracy, ``train_step`` does not), the correct predictions, else 0."""
         session = self.session
         if self.replays and len(micro_batches) == 1:
-            replayed = self._replayed(session, *micro_batches[0])
+            replayed = self._replayed(session, *micro_batches[0], count_correct and self.classification)
             if replayed is not None:
                 return replayed
         with session.lend():
             try:
-                return self._run(session, micro_batches)
+                return self._run(session, micro_batches, count_correct and self.classification)
             finally:
                 if self._recording_now is not None:  # the step is over, whether it was recorded or failed
                     self._recording_now.stop()
@@ -97,7 +98,7 @@ class OptimisationStep:
         """The replay recorded last, or None."""
         return next(reversed(self.replays.values()), None)
 
-    def _replayed(self, session: MemorySession, x: Any, y: Any) -> tuple[float, int] | None:
+    def _replayed(self, session: MemorySession, x: Any, y: Any, counting: bool) -> tuple[float, int] | None:
         """The step as the replay of its shapes, when nothing it depends on changed (else None: the ops run it, and
         replays whose model, packing or plan changed are dropped); None too when the loss is not finite or a label
         is out of range, so that the ops run the step again and say what is wrong."""
@@ -122,11 +123,11 @@ class OptimisationStep:
             value = replay.forward(x, y)
             if value is None:
                 return None
-            correct = int((replay.output.argmax(axis=1) == y).sum()) if self.classification else 0
+            correct = int((replay.output.argmax(axis=1) == y).sum()) if counting else 0
             replay.backward()
             return self._update(session, flat, lr, value * len(x), correct, len(x))
 
-    def _run(self, session: MemorySession, micro_batches: list[tuple[Any, Any]]) -> tuple[float, int]:
+    def _run(self, session: MemorySession, micro_batches: list[tuple[Any, Any]], counting: bool) -> tuple[float, int]:
         model, loss_fn, backend = session.model, session.loss, session.backend
         flat = session.ready()
         if not model.training:
@@ -153,7 +154,7 @@ class OptimisationStep:
             out = model.forward(xd)
             # the logits are small ((batch, classes)): counted on the host, their copy started before the loss
             # so that the loss's read back is the only wait
-            logits = backend.start_to_host(out) if self.classification else None
+            logits = backend.start_to_host(out) if counting else None
             value = loss_fn.forward(out, yd)
             if not math.isfinite(value):
                 raise self.nonfinite_loss(value, micro_batches, x, y, xd, total)

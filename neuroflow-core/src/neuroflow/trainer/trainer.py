@@ -217,7 +217,7 @@ class Trainer:
         if not self.memory.budget_checked:  # before the split: a budget may choose more micro-batches
             budget.fit_to_budget(self.memory, tuple(x.shape[1:]))
         with self.checkpoints.naming_resume_point(), guard(self.parallel):
-            loss, _ = self._steps.run(self._steps.split(x, y))
+            loss, _ = self._steps.run(self._steps.split(x, y), count_correct=False)  # no accuracy to report
         return loss
 
     @trains
