@@ -349,8 +349,8 @@ def test_a_subclass_that_overrides_forward_is_never_replayed(monkeypatch):
 @pytest.mark.parametrize("layer", [
     lambda: nf.Sequential(ops.Linear(32, 16), _Scale()),
     lambda: nf.Sequential(ops.Linear(32, 16), ops.Dropout(0.2, seed=3)),
-    lambda: nf.Sequential(ops.Linear(32, 16), ops.Tanh()),
-], ids=["user-op", "dropout", "tanh"])
+    lambda: nf.Sequential(ops.Linear(32, 16), ops.GELU()),
+], ids=["user-op", "dropout", "gelu"])
 def test_a_model_with_an_op_that_cannot_be_replayed_trains_as_replay_off(layer, replays):
     replaying = _assert_same_training(_steps(range(12)), build=_with_middle(layer))
     assert replaying._steps.replay is None and replays[0] == 0
@@ -465,3 +465,79 @@ ARRAYS = {
 def test_arrays_of_other_types_and_layouts_replay_as_replay_off(steps, replays):
     _assert_same_training(steps)
     assert replays[0] == len(steps) - 3
+
+
+# ---------------------------------------------------------------------------------------------------- 8. more ops
+def _image_mlp(seed=0):
+    nf.manual_seed(seed)
+    return nf.Sequential(ops.Flatten(), ops.Linear(FEATURES, 16), ops.Tanh(), ops.Linear(16, 8), ops.Sigmoid(),
+                         ops.Linear(8, CLASSES))
+
+
+def _images(seed, rows=BATCH):
+    x, y = _batch(seed, rows)
+    return x.reshape(rows, 1, 4, 5), y
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_flatten_of_the_input_tanh_and_sigmoid_replay_as_the_ops_train(replays, contiguous):
+    def step(t, s):
+        x, y = _images(s)
+        if not contiguous:  # a strided copy: Flatten's reshape copies it, in the replay as in the ops
+            x = np.repeat(x, 2, axis=3)[..., ::2]
+        return t.train_step(x, y)
+
+    replaying = _assert_same_training([lambda t, s=s: step(t, s) for s in range(12)], build=_image_mlp)
+    assert replaying._steps.replay is not None
+    assert replays[0] == 9
+
+
+def test_mse_replays_as_it_trains(replays):
+    def build():
+        nf.manual_seed(0)
+        return nf.Sequential(ops.Linear(FEATURES, 16), ops.Sigmoid(), ops.Linear(16, 3))
+
+    def step(t, s):
+        rng = np.random.default_rng(s)
+        return t.train_step(rng.standard_normal((BATCH, FEATURES)).astype(np.float32),
+                            rng.standard_normal((BATCH, 3)).astype(np.float32))
+
+    replaying, plain = (nf.Trainer(build(), nf.losses.MSE(), _sgd(), progress=False, replay_steps=r)
+                        for r in (True, False))
+    assert [step(replaying, s) for s in range(10)] == [step(plain, s) for s in range(10)]
+    _assert_same_weights(replaying, plain)
+    assert replays[0] == 7
+
+
+class _LeakyTanh(ops.Tanh):
+    """A user's Tanh whose backward lets some gradient through everywhere: not what Tanh's replay repeats."""
+
+    def _backward(self, g, gx):
+        super()._backward(g, gx)
+        gx += 0.01 * g
+
+
+class _VouchedTanh(ops.Tanh):
+    """A user's Tanh that says its own ``_forward``/``_backward`` are what a replay may call again."""
+
+    replays_as_written = True
+
+    def _forward(self, x, y):
+        super()._forward(x, y)
+        y *= 0.5
+        return y
+
+    def _backward(self, g, gx):
+        np.multiply(self._cache, self._cache, out=gx)
+        np.subtract(0.25, gx, out=gx)
+        gx *= 2.0 * g
+
+
+@pytest.mark.parametrize("activation, replayed", [(ops.GELU, False), (_LeakyTanh, False), (_VouchedTanh, True)])
+def test_activations_replay_only_where_their_class_vouches_for_it(activation, replayed):
+    def build():
+        nf.manual_seed(0)
+        return nf.Sequential(ops.Linear(FEATURES, 16), activation(), ops.Linear(16, CLASSES))
+
+    replaying = _assert_same_training(_steps(range(8)), build=build)
+    assert (replaying._steps.replay is not None) is replayed

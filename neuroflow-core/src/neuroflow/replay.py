@@ -21,8 +21,9 @@ the loss itself, which then says what is wrong), its ``replay_backward(scale,
 grad)`` the calls of its backward. A call is a zero-argument callable
 (``functools.partial`` of an array function, or a function of the op's own)
 over the arrays of the step just recorded: input and output, parameters,
-buffers. It must not read the op's attributes when called (another thread's
-prediction may have changed them since). An op without the methods, or whose
+buffers. It must not read what an earlier call left on the op (another
+thread's prediction may have changed it since), only what a call of the same
+replayed step set, as forward sets what its backward reads. An op without the methods, or whose
 method returns None (a backend's fused kernel, accumulated gradients,
 anything decided per step), makes the step run its ops every time. An answer
 is trusted only for instances of the class that gives it, or of a subclass
@@ -51,18 +52,29 @@ _NEUTRAL = frozenset({"__init__", "__module__", "__qualname__", "__doc__", "__an
 
 def trusted(op: object, method: str) -> bool:
     """Whether ``op``'s ``method`` (``replay_forward``, ...) speaks for what ``op`` runs: every class between
-    ``type(op)`` and the one defining ``method`` adds nothing but a constructor, and no attribute of the instance
-    replaces a method (``layer.forward = wrapper``)."""
+    ``type(op)`` and the one defining ``method`` (or one that sets ``replays_as_written = True`` itself: its
+    parent's generic calls, such as an activation's ``_forward``, repeat what it runs) adds nothing but a
+    constructor, and no attribute of the instance replaces a method (``layer.forward = wrapper``)."""
     cls = type(op)
     for klass in cls.__mro__:
-        if method in klass.__dict__:
-            break
+        if method in klass.__dict__ or klass.__dict__.get("replays_as_written"):
+            break  # it gives the calls, or vouches that its parent's generic ones repeat what it runs
         if not _NEUTRAL.issuperset(klass.__dict__):
             return False
     else:
         return False
     own = getattr(op, "__dict__", {})
     return not any(callable(getattr(cls, name, None)) for name in own)
+
+
+class View:
+    """What ``replay_forward`` returns for an output that is a view of the input (``Flatten``): no call, and
+    ``make(x)`` gives the view of another input (a replayed step's own, when the op reads the step's input)."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[Any], Any]) -> None:
+        self.make = make
 
 
 def _ask(owner: Any, method: str, *arrays: Any) -> Any:
@@ -121,6 +133,7 @@ class Recording:
         self.backward_calls: list[Call] = []
         self.refused: str | None = None
         self.chains: list[tuple[Any, list[Any]]] = []  # (composite, the layers it ran): see StepReplay.still
+        self.views: list[tuple[int, Callable[[Any], Any]]] = []  # step_arrays[2 + i] = make(step_arrays[source])
         self._pool: Any = None
 
     def start(self, inputs: Any, labels: Any, pool: Any) -> None:
@@ -148,7 +161,14 @@ class Recording:
 
     def forward(self, op: Any, x: Any, y: Any) -> None:
         if self.refused is None:
-            self._add(self.forward_calls, op, "replay_forward", _ask(op, "replay_forward", x, y))
+            calls = _ask(op, "replay_forward", x, y)
+            if isinstance(calls, View):
+                source = next((i for i, a in enumerate(self.step_arrays) if a is x), None)
+                if source is not None:  # a view of the step's input: made again from each step's own
+                    self.views.append((source, calls.make))
+                    self.step_arrays.append(y)
+                calls = []
+            self._add(self.forward_calls, op, "replay_forward", calls)
             layers = getattr(op, "running_layers", None)
             if layers is not None:
                 self.chains.append((op, list(layers)))
@@ -183,8 +203,8 @@ class Recording:
         if any(np.may_share_memory(output, a) for a in self.step_arrays):
             return None  # the model returns (a view of) its input
         replay = StepReplay(forward, loss, backward, self.step_arrays, output)  # type: ignore[arg-type]
-        replay.key, replay.chains = self.key, self.chains
-        self.step_arrays[0] = self.step_arrays[1] = None  # the recorded step's arrays are not kept
+        replay.key, replay.chains, replay.views = self.key, self.chains, self.views
+        self.step_arrays[:] = [None] * len(self.step_arrays)  # the recorded step's arrays are not kept
         return replay
 
     def _redirected(self, call: Call) -> Call | None:
@@ -222,7 +242,7 @@ class StepReplay:
     """A recorded step: :meth:`forward` (model and loss on the new step's arrays; the loss, or None when it is not
     finite and the runtime should run the step to say why), then :meth:`backward`."""
 
-    __slots__ = ("forward_calls", "loss_call", "backward_calls", "step_arrays", "output", "key", "chains")
+    __slots__ = ("forward_calls", "loss_call", "backward_calls", "step_arrays", "output", "key", "chains", "views")
 
     def __init__(self, forward: list[Call], loss: Call, backward: list[Call], step_arrays: list[Any],
                  output: Any) -> None:
@@ -233,6 +253,8 @@ class StepReplay:
         self.key: tuple[Any, ...] = ()
         #: each chain of layers the step ran, with its layers then: a list edited since runs other layers
         self.chains: list[tuple[Any, list[Any]]] = []
+        #: views of the step's input or labels that calls read: (which array, how to make the view)
+        self.views: list[tuple[int, Callable[[Any], Any]]] = []
 
     def still(self) -> bool:
         """Whether every chain runs the layers it ran when recorded (``model.layers`` is a list a user may edit)."""
@@ -241,16 +263,18 @@ class StepReplay:
     def forward(self, x: Any, y: Any) -> float | None:
         arrays = self.step_arrays
         arrays[0], arrays[1] = x, y
+        for index, (source, make) in enumerate(self.views, 2):
+            arrays[index] = make(arrays[source])
         for call in self.forward_calls:
             call()
         value = float(self.loss_call())
         if math.isfinite(value):
             return value
-        arrays[0] = arrays[1] = None  # the ops run this step again: the caller's arrays are not kept
+        arrays[:] = [None] * len(arrays)  # the ops run this step again: the caller's arrays are not kept
         return None
 
     def backward(self) -> None:
         for call in self.backward_calls:
             call()
         arrays = self.step_arrays
-        arrays[0] = arrays[1] = None  # the caller's arrays are not kept past the step
+        arrays[:] = [None] * len(arrays)  # the caller's arrays (and views of them) are not kept past the step

@@ -57,6 +57,25 @@ class _Elementwise(Operator):
             self._backward(grad_out, gx)
         return gx
 
+    #: Whether :meth:`_forward` and :meth:`_backward` work on the arrays they are given and the cache alone (no
+    #: buffer asked for per call), so that a replayed step may call them again (see :mod:`neuroflow.replay`).
+    replays_as_written = False
+
+    def replay_forward(self, x: Any, y: Any) -> list[Any] | None:
+        if not self.replays_as_written or self.xp is not np:
+            return None
+        return [functools.partial(self._forward_again, x, y)]
+
+    def _forward_again(self, x: Any, y: Any) -> None:
+        """What forward computes and keeps, on arrays it was given before (a replayed step's)."""
+        object.__setattr__(self, "_cache", self._forward(x, y))
+
+    def replay_backward(self, grad_out: Any, grad_in: Any) -> list[Any] | None:
+        fused = self.fused(kernels.ACTIVATION_BACKWARD.name, grad_out) if self.fused_name else None
+        if not self.replays_as_written or self.xp is not np or fused is not None:
+            return None
+        return [functools.partial(self._backward, grad_out, grad_in)]  # the cache the replayed forward kept
+
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
         return MemoryDeclaration(input_shape, cached=[input_shape])
 
@@ -162,6 +181,7 @@ class Sigmoid(_Elementwise):
 
     fused_name = "sigmoid"
     backward_reads_input = False
+    replays_as_written = True
 
     def _forward(self, x: Any, y: Any) -> Any:
         xp = self.xp
@@ -183,6 +203,7 @@ class Tanh(_Elementwise):
 
     fused_name = "tanh"
     backward_reads_input = False
+    replays_as_written = True
 
     def _forward(self, x: Any, y: Any) -> Any:
         self.xp.tanh(x, out=y)

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
+import numpy as np
+
 from neuroflow.errors import ShapeError
 from neuroflow.operator import MemoryDeclaration, Operator
+from neuroflow.replay import View
+
+
+def _reshaped(x: Any, shape: tuple[int, ...]) -> Any:
+    return x.reshape(shape)
 
 
 class Flatten(Operator):
@@ -31,6 +39,14 @@ class Flatten(Operator):
         if self._shape is None:
             raise RuntimeError(f"{self!r}.backward called before forward")
         return grad_out.reshape(self._shape)
+
+    def replay_forward(self, x: Any, y: Any) -> View | None:
+        if not isinstance(x, np.ndarray) or not np.may_share_memory(x, y):
+            return None  # reshaping copied the input (not contiguous): a new array every step
+        return View(functools.partial(_reshaped, shape=tuple(y.shape)))  # nothing to compute: a view
+
+    def replay_backward(self, grad_out: Any, grad_in: Any) -> list[Any]:
+        return []  # a view of the gradient buffer, the same every step
 
     def memory_declaration(self, input_shape: tuple[int, ...]) -> MemoryDeclaration:
         return MemoryDeclaration(self._out(tuple(input_shape)))

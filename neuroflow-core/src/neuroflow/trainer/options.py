@@ -54,9 +54,9 @@ class TrainerOptions:
     compression_ratio: float | None = _setting(None)
     compression_threshold: float | None = _setting(None)
     update_in_backward: bool = _setting(False)
-    #: a steady step of a model whose ops can say which array calls they made (Linear, ReLU, chains of them,
-    #: CrossEntropy) is recorded, and later steps of the same shapes run those calls alone, bit for bit the same
-    #: (neuroflow.replay); False: the ops run every step
+    #: a steady step of a model whose ops can say which array calls they made (Linear, ReLU, Tanh, Sigmoid,
+    #: Flatten, chains of them; CrossEntropy, MSE) is recorded, and later steps of the same shapes run those
+    #: calls alone, bit for bit the same (neuroflow.replay); False: the ops run every step
     replay_steps: bool = _setting(True)
     #: optimisation steps a ``fit`` takes in all (as many epochs as that needs); None: ``epochs`` decides
     max_steps: int | None = _setting(None)
