@@ -127,6 +127,24 @@ class Optimizer:
         else:
             self._copy_state_in(pending)
 
+    def rebind(self, flat: FlatParameters, backend: Any = None) -> None:
+        """Attach to ``flat``, the same model's parameters packed again (some frozen or unfrozen since): each
+        parameter in both keeps its state, one new to the optimizer starts at zero, and the step count goes on
+        (as PyTorch's optimizer keeps the state of the parameters still training when others are frozen)."""
+        old, old_state, count = self._flat, self.state, self.step_count
+        carry = old is not None and self._pending is None
+        self.bind(flat, backend)
+        if not carry:
+            return
+        assert old is not None
+        self.step_count = count
+        before = {id(p): view for p, view in zip(old.params, old.slices)}
+        for p, view in zip(flat.params, flat.slices):
+            source = before.get(id(p))
+            if source is not None:
+                for name, array in self.state.items():
+                    array[view] = old_state[name][source]
+
     def bind_parameters(self, params: list[Tensor]) -> FlatParameters:
         """Pack ``params`` into a new :class:`FlatParameters` (their data and grad become views), bind it, return it."""
         if not params:

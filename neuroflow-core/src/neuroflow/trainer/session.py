@@ -115,9 +115,13 @@ class MemorySession:
         if not self.model.is_on(self.backend):
             self.model.to(self.backend)
             params = self.model.trainable_parameters()
+        previous = self.flat
         flat = self.flat = FlatParameters(params, self.backend.xp)
         self.streamed = None  # packed anew, every gradient kept: a first step finds the streamed ones again
-        self.optimizer.bind(flat, self.backend)
+        if previous is None:
+            self.optimizer.bind(flat, self.backend)
+        else:  # the same model packed again (a layer frozen or unfrozen): the others keep their state
+            self.optimizer.rebind(flat, self.backend)
         if self.compressor is not None:
             self.compressor.bind(flat, [n for n, p in self.model.named_parameters() if p.requires_grad])
         self.attach(None)
