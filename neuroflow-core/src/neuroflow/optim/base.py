@@ -132,11 +132,10 @@ class Optimizer:
         parameter in both keeps its state, one new to the optimizer starts at zero, and the step count goes on
         (as PyTorch's optimizer keeps the state of the parameters still training when others are frozen)."""
         old, old_state, count = self._flat, self.state, self.step_count
-        carry = old is not None and self._pending is None
+        pending = self._pending is not None  # state loaded for the parameters this binding brings: it wins
         self.bind(flat, backend)
-        if not carry:
+        if old is None or pending:
             return
-        assert old is not None
         self.step_count = count
         before = {id(p): view for p, view in zip(old.params, old.slices)}
         for p, view in zip(flat.params, flat.slices):
