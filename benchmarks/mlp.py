@@ -39,6 +39,8 @@ SGD_LR = 0.01
 OPTIMIZERS = ("sgd", "adam")
 LABELS = {"sgd": "SGD", "adam": "Adam"}
 FRAMEWORKS = ("NeuroFlow", "PyTorch", "numpy")
+#: ``--without-replay`` adds it: NeuroFlow with ``replay_steps=False``, its ops run at every step (neuroflow.replay)
+WITHOUT_REPLAY = "NeuroFlow without replay"
 # Steps cycle through this many distinct batches (on one fixed batch the loss is ~0 within 100 steps).
 # Even so, units whose ReLU died stop getting gradient, and Adam's first moment of their weights decays
 # by beta1 each step into float32 denormals from about step 700: every contender then slows 2-3x
@@ -172,7 +174,7 @@ class NumpyMLP:
 
 
 # ---------------------------------------------------------------------------------------------- contenders
-def neuroflow_stepper(weights: Weights, batches: Batches, optimizer: str) -> Callable[[], float]:
+def neuroflow_stepper(weights: Weights, batches: Batches, optimizer: str, replay: bool = True) -> Callable[[], float]:
     import neuroflow as nf
     from neuroflow import ops
 
@@ -184,7 +186,7 @@ def neuroflow_stepper(weights: Weights, batches: Batches, optimizer: str) -> Cal
         layers += [linear, ops.ReLU()] if i < len(weights) - 1 else [linear]
     update = nf.optim.SGD(lr=SGD_LR) if optimizer == "sgd" else nf.optim.Adam(lr=LR)
     trainer = nf.Trainer(nf.Sequential(*layers), nf.losses.CrossEntropy(), update,
-                         batch_size=len(batches[0][0]), progress=False, seed=0)
+                         batch_size=len(batches[0][0]), progress=False, seed=0, replay_steps=replay)
     data = itertools.cycle(batches)
     return lambda: trainer.train_step(*next(data))
 
@@ -223,8 +225,9 @@ def numpy_stepper(weights: Weights, batches: Batches, optimizer: str) -> Callabl
     return lambda: mlp.step(*next(data))
 
 
-STEPPERS = {"NeuroFlow": neuroflow_stepper, "PyTorch": torch_stepper, "numpy": numpy_stepper}
-CONTENDERS = {contender_name(f, o): (f, o) for o in OPTIMIZERS for f in FRAMEWORKS}
+STEPPERS = {"NeuroFlow": neuroflow_stepper, "PyTorch": torch_stepper, "numpy": numpy_stepper,
+            WITHOUT_REPLAY: functools.partial(neuroflow_stepper, replay=False)}
+CONTENDERS = {contender_name(f, o): (f, o) for o in OPTIMIZERS for f in (*FRAMEWORKS, WITHOUT_REPLAY)}
 
 
 def stepper(name: str, batch: int) -> Callable[[], float]:
@@ -386,6 +389,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pause", type=float,
                         help="seconds idle before each block, so the previous contender's spinning BLAS/OpenMP threads "
                              f"go to sleep (default {harness.SPIN_PAUSE_S} above one thread, 0 at one)")
+    parser.add_argument("--without-replay", action="store_true",
+                        help="also NeuroFlow with replay_steps=False (its ops run every step)")
     parser.add_argument("--separate-processes", action="store_true",
                         help="also time each contender alone in its own process (second view, with RSS)")
     # Internal: how the parent starts a child process.
@@ -410,8 +415,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not optimizers or any(o not in OPTIMIZERS for o in optimizers):
         parser.error(f"--optimizers {args.optimizers!r}: expected some of {','.join(OPTIMIZERS)}")
     has_torch = importlib.util.find_spec("torch") is not None
+    frameworks = [*FRAMEWORKS[:1], WITHOUT_REPLAY, *FRAMEWORKS[1:]] if args.without_replay else list(FRAMEWORKS)
     args.contender_names = (args.names.split("|") if args.names else
-                            [contender_name(f, o) for o in optimizers for f in FRAMEWORKS if f != "PyTorch" or has_torch])
+                            [contender_name(f, o) for o in optimizers for f in frameworks if f != "PyTorch" or has_torch])
     return args
 
 

@@ -80,6 +80,14 @@ def test_mlp_benchmark_reports_sgd_and_adam_in_one_process(tmp_path):
         assert max(first) - min(first) < 1e-3
 
 
+def test_mlp_benchmark_times_neuroflow_without_replay_beside_it():
+    done = _run("mlp.py", "--quick", "--batches", "16", "--threads", "1", "--repeats", "2", "--steps", "2",
+                "--warmup", "3", "--optimizers", "sgd", "--without-replay")
+    summary = json_line(done.stdout)
+    names = ["NeuroFlow SGD", "NeuroFlow without replay SGD", *(["PyTorch SGD"] if HAS_TORCH else []), "numpy SGD"]
+    assert list(summary["results"][0]["median_ms"]) == names
+
+
 def test_cnn_benchmark_times_the_spec_model_as_written_in_one_process(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import cnn
