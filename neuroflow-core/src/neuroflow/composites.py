@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from neuroflow import debug, folding
-from neuroflow.errors import ShapeError
+from neuroflow.errors import ConfigError, ShapeError
 from neuroflow.operator import MemoryDeclaration, Operator
 
 
@@ -64,6 +64,13 @@ class Sequential(Operator):
         for i, layer in enumerate(layers):
             if not isinstance(layer, Operator):
                 raise TypeError(f"Sequential item {i} is {type(layer).__name__}; expected an Operator")
+            first = next(j for j, other in enumerate(layers) if other is layer)
+            if first != i:  # its second forward would overwrite what the first one's backward reads
+                raise ConfigError(
+                    f"Sequential items {first} and {i} are the same {layer!r}: an op keeps the state of its last "
+                    f"forward for its backward, so each place in a model needs an instance of its own; create a "
+                    f"{type(layer).__name__} for each (PyTorch code often reuses one activation module)"
+                )
             setattr(self, str(i), layer)
         self.layers: list[Operator] = list(layers)
         self._input_shapes: list[tuple[int, ...]] = []
