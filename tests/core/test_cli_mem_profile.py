@@ -42,7 +42,8 @@ def test_the_configs_own_budget_splits_the_batch_keeping_the_effective_batch(cap
     assert main(["mem-profile", str(EXAMPLE)]) == 0
     out = capsys.readouterr().out
     assert "budget: 3.400 MiB -> does NOT fit" in out
-    assert "to keep the effective batch 256: batch_size=64 x gradient_accumulation_steps=4 (= 256)" in out
+    # the input a step holds (all its micro-batches, and those the loader holds ahead) and the host margin counted
+    assert "to keep the effective batch 256: batch_size=8 x gradient_accumulation_steps=32 (= 256)" in out
 
 
 def test_a_budget_nothing_fits_exits_1_and_says_what_does_not_fit(capsys):

@@ -19,9 +19,9 @@ from neuroflow.cli.arguments import positive_float, positive_int, sample_shape_a
 from neuroflow.cli.exit_codes import EXIT_FAILURE
 from neuroflow.config import Config, resolve_model_config
 from neuroflow.errors import ConfigError, ShapeError
-from neuroflow.memory import profile
 from neuroflow.memory.profile import named_leaves
 from neuroflow.operator import Operator
+from neuroflow.trainer import budget as budget_plan
 
 HELP = "per-layer memory of a training step, its predicted peak, and the batch × accumulation that fits a budget"
 
@@ -93,11 +93,8 @@ def run(args: argparse.Namespace) -> int:
     budget = args.budget_mb if args.budget_mb is not None else trainer.options.memory_budget_mb
     batch, steps = trainer.batch_size, trainer.gradient_accumulation_steps
     try:
-        # the same reserve for prefetched input batches the Trainer keeps, so both advise the same split
-        report = profile(model, (batch, *sample), trainer.loss, trainer.optimizer, budget_mb=budget,
-                         gradient_accumulation_steps=steps,
-                         reserve_per_sample=trainer.input_bytes_per_sample(tuple(sample)),
-                         gradient_compression=trainer.compressor.mode if trainer.compressor else None)
+        # what the Trainer plans against (input the loop holds, the host margin), so both advise the same split
+        report = budget_plan.profile_step(trainer.memory, batch, tuple(sample), steps, budget)
     except ShapeError as exc:
         raise ConfigError(f"the model does not take samples of shape {sample} (from {source}): {exc}") from exc
     parameters = sum(int(p.data.size) for p in model.parameters())

@@ -176,6 +176,7 @@ class DataLoader:
             batch = _gather(self.dataset, idx)
             self._handed_out(generation)
             yield batch
+            del batch  # not kept while the next one is gathered: the consumer holds what it still needs
 
     def _serve_prefetched(self, index_batches: list[np.ndarray], generation: int) -> Iterator[Batch]:
         # The worker holds only the dataset, the index batches, the queue and the stop flag — never
@@ -201,6 +202,7 @@ class DataLoader:
                     raise item.error
                 self._handed_out(generation)
                 yield item
+                del item  # not kept while the next one is awaited: the worker may be gathering another meanwhile
         finally:
             stop.set()
             if worker is not threading.current_thread():  # the cyclic GC may finalise us on the worker

@@ -144,6 +144,10 @@ class BatchModel:
         self.model, self.loss, self.sample_shape, self.dtype = model, loss, sample_shape, dtype
         self.accumulation = accumulation
         self.reserve_per_sample = reserve_per_sample
+        #: bytes kept whatever the micro-batch: the input of a whole step of a fixed effective batch
+        self.reserve_bytes = 0
+        #: the share of the arena kept besides it for what the plan does not hold (host temporaries, say)
+        self.headroom = 0.0
         one = trace_step(model, loss, (1, *sample_shape), dtype, accumulation)
         two = trace_step(model, loss, (2, *sample_shape), dtype, accumulation)
         self.affine = len(one) == len(two) and all(
@@ -161,7 +165,16 @@ class BatchModel:
 
     def arena_bytes(self, batch: int) -> int:
         """The arena at ``batch``, plus what the input pipeline holds for that batch."""
-        return place(self.slots(batch)).arena_bytes + self.reserve_per_sample * batch
+        arena = place(self.slots(batch)).arena_bytes
+        return arena + int(arena * self.headroom) + self.reserve_per_sample * batch + self.reserve_bytes
+
+    def reserving(self, per_sample: int, fixed: int = 0, headroom: float = 0.0) -> BatchModel:
+        """The same sizes (no new trace) with ``per_sample`` bytes of input per sample of the micro-batch,
+        ``fixed`` bytes whatever the micro-batch and ``headroom`` × the arena besides it."""
+        clone = copy.copy(self)
+        clone.reserve_per_sample, clone.reserve_bytes = per_sample, fixed
+        clone.headroom = headroom
+        return clone
 
 
 def _resized(slot: Slot, nbytes: int) -> Slot:
@@ -181,6 +194,9 @@ def profile(
     dtype: Any = None,
     reserve_per_sample: int = 0,
     gradient_compression: str | None = None,
+    reserve_per_step_sample: int = 0,
+    headroom: float = 0.0,
+    host_margin: float = 0.0,
 ) -> MemoryReport:
     """Predict the memory of one training step of ``model`` on batches of ``input_shape``.
 
@@ -188,8 +204,14 @@ def profile(
     the report also gives the largest batch that fits and a
     batch × accumulation pair keeping the effective batch
     ``input_shape[0] × gradient_accumulation_steps``;
-    ``reserve_per_sample`` bytes per sample are kept free of the budget for
-    the input pipeline (batches being loaded and prefetched). With
+    ``reserve_per_sample`` bytes per sample of the micro-batch are kept free
+    of the budget for the input pipeline (batches being loaded and
+    prefetched), and ``reserve_per_step_sample`` bytes per sample of the
+    whole step (the k micro-batches a training loop holds until the step
+    runs): a step of batch × k keeps ``(reserve_per_sample +
+    k × reserve_per_step_sample) × batch`` bytes for its input, and
+    ``headroom`` × its arena for what the plan does not hold; ``host_margin``
+    × the budget is kept for host temporaries of a step that no plan holds. With
     ``gradient_compression`` the static memory includes the compressor's
     error-feedback residual.
     """
@@ -222,17 +244,29 @@ def profile(
         report.compression_bytes = compression_nbytes([int(p.data.size) for p in trainable], itemsize)
     if budget_mb is not None:
         report.budget_bytes = int(budget_mb * MiB)
-        report.input_reserve_bytes = reserve_per_sample * batch
-        sizes = BatchModel(model, loss, sample, dtype, gradient_accumulation_steps, reserve_per_sample)
-        room = report.budget_bytes - report.static_bytes - ALIGNMENT  # what the arena may take, as fits() counts
-        report.largest_batch = largest_batch(sizes, room)
-        effective = batch * gradient_accumulation_steps
+        # kept free: host temporaries no plan holds (a share of the budget) and requests the plan did not foresee
+        # (a share of the arena), as the search below keeps them
+        host = int(report.budget_bytes * host_margin)
+        report.margin_bytes, report.host_margin = host + int(report.arena_bytes * headroom), host_margin
+        steps = gradient_accumulation_steps
+        report.input_reserve_bytes = (reserve_per_sample + steps * reserve_per_step_sample) * batch
+        traced = BatchModel(model, loss, sample, dtype, steps)
+        # what the arena may take, as fits() counts (each batch's own headroom: BatchModel.arena_bytes)
+        room = report.budget_bytes - host - report.static_bytes - ALIGNMENT
+        per_sample = reserve_per_sample + steps * reserve_per_step_sample
+        report.largest_batch = largest_batch(traced.reserving(per_sample, 0, headroom), room)
+        effective = batch * steps
         report.effective_batch = effective
-        single = sizes if gradient_accumulation_steps == 1 else BatchModel(model, loss, sample, dtype, 1, reserve_per_sample)
-        accumulating = sizes if gradient_accumulation_steps > 1 else BatchModel(model, loss, sample, dtype, 2, reserve_per_sample)
-        report.suggestion = fit_batch(single, accumulating, room, effective)
+        single = traced if steps == 1 else BatchModel(model, loss, sample, dtype, 1)
+        accumulating = traced if steps > 1 else BatchModel(model, loss, sample, dtype, 2)
+        # every split of the effective batch holds all of it in the loop: a fixed part, whatever the micro-batch
+        whole = reserve_per_step_sample * effective
+        report.suggestion = fit_batch(single.reserving(reserve_per_sample, whole, headroom),
+                                      accumulating.reserving(reserve_per_sample, whole, headroom), room, effective)
+        single = single.reserving(reserve_per_sample + reserve_per_step_sample, 0, headroom)
         report.largest_single_batch = largest_batch(single, room)
         report.batch1_peak_bytes = report.static_bytes + ALIGNMENT + single.arena_bytes(1)
+        accumulating = accumulating.reserving(reserve_per_sample, whole, headroom)
         report.batch1_accumulating_peak_bytes = report.static_bytes + ALIGNMENT + accumulating.arena_bytes(1)
     return report
 

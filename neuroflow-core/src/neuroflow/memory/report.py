@@ -52,6 +52,10 @@ class MemoryReport:
     compression_bytes: int = 0
     #: host memory the data loader holds for this batch size (prefetched batches), counted against a budget
     input_reserve_bytes: int = 0
+    #: the part of the budget kept for host temporaries of a step and buffers that no plan holds (a Trainer's: 3 %
+    #: of the budget and an eighth of the arena), and the share of any budget kept for the temporaries
+    margin_bytes: int = 0
+    host_margin: float = 0.0
     #: with a budget: the largest batch without accumulation that fits (``largest_batch`` is at the
     #: accumulation asked), and the peak of a step at batch 1 without and with accumulation, input batches
     #: included: what the advice compares the budget with
@@ -74,13 +78,15 @@ class MemoryReport:
     def fits(self, reserve_bytes: int | None = None) -> bool:
         """Whether the predicted peak, plus ``reserve_bytes`` kept for input data, is within the budget."""
         reserve = self.input_reserve_bytes if reserve_bytes is None else reserve_bytes
-        return self.budget_bytes is None or self.predicted_peak_bytes + reserve <= self.budget_bytes
+        return self.budget_bytes is None or self.predicted_peak_bytes + reserve + self.margin_bytes <= self.budget_bytes
 
     def why_nothing_fits(self) -> str:
         """What does not fit the budget when no batch × accumulation keeping the effective batch does, with
         the numbers, and what would: the sentence the Trainer's OutOfMemoryError and ``mem-profile`` give."""
         budget, static = self.budget_bytes or 0, self.static_bytes
-        one, accumulating = _mib_up(self.batch1_peak_bytes or 0), _mib_up(self.batch1_accumulating_peak_bytes or 0)
+        share = 1.0 - self.host_margin  # a budget B keeps B × host_margin: a peak P needs B = P / share
+        one = _mib_up(int((self.batch1_peak_bytes or 0) / share))
+        accumulating = _mib_up(int((self.batch1_accumulating_peak_bytes or 0) / share))
         parts = (f"parameters, gradients and optimizer state take {static / MiB:.3f} MiB; activations, workspace "
                  f"and input batches at batch 1 take {((self.batch1_peak_bytes or 0) - static) / MiB:.3f} MiB more")
         keep = (f" ({accumulating} MiB for batch 1 with accumulation, which keeps the effective batch "
@@ -119,6 +125,8 @@ class MemoryReport:
         if self.budget_bytes is not None:
             if self.input_reserve_bytes:
                 lines.append(f"input batches the data loader holds: {self.input_reserve_bytes / MiB:.3f} MiB")
+            if self.margin_bytes:
+                lines.append(f"kept for host temporaries and buffers no plan holds: {self.margin_bytes / MiB:.3f} MiB")
             lines.append(f"budget: {self.budget_bytes / MiB:.3f} MiB -> {'fits' if self.fits() else 'does NOT fit'}")
             if self.largest_batch is not None:
                 lines.append(f"largest batch that fits: {self.largest_batch}")

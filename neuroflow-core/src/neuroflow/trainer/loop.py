@@ -106,6 +106,9 @@ class EpochRunner:
                 if self.reached_max_steps:  # a resumed run that had already taken them
                     break
                 window.append(self._augmented(x, y))
+                # only the window holds the batch: once a step took it, nothing keeps it while the next one arrives
+                # (the input a budget counts is the step's k batches and those the loader holds ahead)
+                x = y = None
                 if len(window) < k:
                     continue
                 self._take(window, loader, bar, totals)

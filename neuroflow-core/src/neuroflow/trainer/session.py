@@ -62,7 +62,9 @@ class MemorySession:
         self.planned_batch = 0
         self.sample_shape: tuple[int, ...] | None = None
         self.budget_checked = options.memory_budget_mb is None
-        self.reserve_per_sample = 0
+        self.reserve_per_sample = 0  # input bytes per sample of a micro-batch, and of a whole step (budget.py)
+        self.reserve_per_step_sample = 0
+        self.sample_shape_for_budget: tuple[int, ...] | None = None
         self.memory_report: Any = None
         self.offload: OffloadManager | None = None
         self.streamed: StreamedUpdates | None = None  # once updates run inside backward
@@ -133,7 +135,7 @@ class MemorySession:
         if self.options.enable_async_unload:
             cold = [t for _, t in self.model.named_buffers()]
             cold += [p for p in self.model.parameters() if not p.requires_grad]
-            capacity = budget.arena_capacity(self, 0)
+            capacity = max(budget.arena_room(self) or 0, 0)
             low_water = capacity // 4 if capacity else 64 * 2**20  # a quarter of the pool, or 64 MiB
             self.offload = OffloadManager(self.backend, cold, low_water)
         return flat
