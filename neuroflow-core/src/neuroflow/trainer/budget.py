@@ -64,17 +64,10 @@ def sample_input_bytes(session: MemorySession, sample_shape: tuple[int, ...]) ->
     return math.prod(sample_shape) * itemsize + 8
 
 
-def input_bytes_per_sample(session: MemorySession, sample_shape: tuple[int, ...]) -> int:
-    """Host memory the input pipeline holds per sample of a step without accumulation: the one in use and those
-    of :func:`input_batches_ahead`, inputs and integer labels. With accumulation the loop holds all k
-    micro-batches of a step: see :func:`input_bytes`."""
-    return (input_batches_ahead() + 1) * sample_input_bytes(session, sample_shape)
-
-
 def input_bytes(session: MemorySession, batch: int, accumulation: int) -> int:
     """What the epoch loop's input holds at batch × accumulation: the step's k micro-batches and those of
     :func:`input_batches_ahead`."""
-    sample = session.sample_shape_for_budget
+    sample = session.sample_shape  # the samples the step was traced on
     if sample is None:
         return 0
     return (accumulation + input_batches_ahead()) * batch * sample_input_bytes(session, sample)
@@ -126,10 +119,6 @@ def fit_to_budget(session: MemorySession, sample_shape: tuple[int, ...]) -> Any:
     predicted peak is under the budget.
     """
     session.ready()
-    # the loop holds a step's k micro-batches (one sample per sample of the step) and input_batches_ahead()
-    session.sample_shape_for_budget = sample_shape
-    session.reserve_per_step_sample = sample_input_bytes(session, sample_shape)
-    session.reserve_per_sample = input_batches_ahead() * session.reserve_per_step_sample
     report = _profile(session, session.batch_size, sample_shape, session.accumulation)
     session.memory_report = report
     session.budget_checked = True

@@ -62,9 +62,6 @@ class MemorySession:
         self.planned_batch = 0
         self.sample_shape: tuple[int, ...] | None = None
         self.budget_checked = options.memory_budget_mb is None
-        self.reserve_per_sample = 0  # input bytes per sample of a micro-batch, and of a whole step (budget.py)
-        self.reserve_per_step_sample = 0
-        self.sample_shape_for_budget: tuple[int, ...] | None = None
         self.memory_report: Any = None
         self.offload: OffloadManager | None = None
         self.streamed: StreamedUpdates | None = None  # once updates run inside backward

@@ -193,10 +193,6 @@ class Trainer:
         """Choose batch × accumulation so a step fits ``memory_budget_mb``; see :func:`budget.fit_to_budget`."""
         return budget.fit_to_budget(self.memory, sample_shape)
 
-    def input_bytes_per_sample(self, sample_shape: tuple[int, ...]) -> int:
-        """Host memory the input pipeline holds per sample (see :func:`budget.input_bytes_per_sample`)."""
-        return budget.input_bytes_per_sample(self.memory, sample_shape)
-
     def memory_stats(self) -> Any:
         """The backend allocator's counters (arena size, bytes in use and at peak, allocations)."""
         return self.backend.memory_stats()
