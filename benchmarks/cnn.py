@@ -11,13 +11,10 @@ against the same model and optimizer in PyTorch, with the same weights. Beside i
 hints`` (variant ``hints``, on by default) is the tuned model: the first convolution writes NHWC
 (``output_layout="NHWC"``), everything after runs in NHWC (``layout="NHWC"``), so its linear weight's
 columns are (h, w, c) and it gets the main model's weight with its columns permuted. ``--variants
-streamed`` adds the hint-free model trained with ``update_in_backward=True``, ``--variants openblas`` the
-hint-free model with ``NEUROFLOW_SHARE_BLAS_THREADS=0`` around its steps (OpenBLAS's own, spinning worker
-threads; see ``neuroflow.backends.blas_threads``).
+streamed`` adds the hint-free model trained with ``update_in_backward=True``.
 
     .venv/bin/python benchmarks/cnn.py                      # 2 threads, one process, about 30 s
     .venv/bin/python benchmarks/cnn.py --threads 1,2 --repeats 30
-    .venv/bin/python benchmarks/cnn.py --variants hints,openblas
     .venv/bin/python benchmarks/cnn.py --separate-processes  # also one process per contender, with RSS
     .venv/bin/python benchmarks/cnn.py --quick               # smoke test
 
@@ -83,8 +80,6 @@ CASE = convnet_bench.Case(
         "hints": convnet_bench.Variant("NeuroFlow, NHWC hints", build_neuroflow_with_hints),
         "streamed": convnet_bench.Variant("NeuroFlow, update in backward", build_neuroflow,
                                           {"update_in_backward": True}),
-        "openblas": convnet_bench.Variant("NeuroFlow, OpenBLAS's own threads", build_neuroflow,
-                                          environment={"NEUROFLOW_SHARE_BLAS_THREADS": "0"}),
     },
     default_variants=("hints",), threads="2", timing=(15, 5, 5),
 )

@@ -36,13 +36,11 @@ MAIN, TORCH = "NeuroFlow", "PyTorch"
 
 @dataclass
 class Variant:
-    """A further NeuroFlow contender: its name in the tables, its model, its extra Trainer arguments and the
-    environment variables set around each of its steps (and restored after)."""
+    """A further NeuroFlow contender: its name in the tables, its model, its extra Trainer arguments."""
 
     name: str
     build: Callable[[], Any]  # -> NeuroFlow model with the main model's weights (called after nf.manual_seed(0))
     trainer_options: dict[str, Any] = field(default_factory=dict)
-    environment: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -76,22 +74,7 @@ def neuroflow_stepper(case: Case, variant: Variant | None) -> Callable[[], float
     trainer = nf.Trainer(model, nf.losses.CrossEntropy(), nf.optim.SGD(lr=LR, momentum=MOMENTUM),
                          batch_size=case.batch, progress=False, seed=0, **options)
     x, y = batch_data(case)
-    if variant is None or not variant.environment:
-        return lambda: trainer.train_step(x, y)
-
-    def step() -> float:
-        saved = {name: os.environ.get(name) for name in variant.environment}
-        os.environ.update(variant.environment)
-        try:
-            return trainer.train_step(x, y)
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-
-    return step
+    return lambda: trainer.train_step(x, y)
 
 
 def torch_stepper(case: Case) -> Callable[[], float]:

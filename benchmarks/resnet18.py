@@ -6,8 +6,7 @@ SGD lr 0.01 momentum 0.9. PyTorch: the same architecture with torchvision's modu
 itself is not needed), loaded from NeuroFlow's state dict by name, the same optimizer. Further NeuroFlow
 contenders on request (``--variants``): ``streamed`` trains with ``update_in_backward=True`` (its kernels'
 updates applied inside backward), ``kept`` keeps every block's output for backward
-(``recompute_block_outputs=False``) instead of recomputing it, ``openblas`` runs the main model with
-``NEUROFLOW_SHARE_BLAS_THREADS=0`` around its steps (OpenBLAS's own worker threads).
+(``recompute_block_outputs=False``) instead of recomputing it.
 
     .venv/bin/python benchmarks/resnet18.py                     # 2 threads, one process, under a minute
     .venv/bin/python benchmarks/resnet18.py --variants all --repeats 9
@@ -59,8 +58,6 @@ CASE = convnet_bench.Case(
         "streamed": convnet_bench.Variant("NeuroFlow, update in backward", build_neuroflow,
                                           {"update_in_backward": True}),
         "kept": convnet_bench.Variant("NeuroFlow, block outputs kept", build_neuroflow_keeping_outputs),
-        "openblas": convnet_bench.Variant("NeuroFlow, OpenBLAS's own threads", build_neuroflow,
-                                          environment={"NEUROFLOW_SHARE_BLAS_THREADS": "0"}),
     },
     default_variants=(), threads="2", timing=(7, 2, 2),
 )

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import pathlib
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -227,28 +225,3 @@ def test_gpu_benchmark_says_why_it_skips_without_a_gpu():
     if registry.backends.get("cuda").is_available():
         pytest.skip("a GPU machine runs the real benchmark through make gpu-check")
     assert "needs an NVIDIA GPU" in _run("gpu.py").stdout
-
-
-def test_a_variant_environment_holds_around_its_steps_only(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import cnn
-    import convnet_bench
-    from neuroflow.backends import blas_threads
-
-    seen = []
-    real = blas_threads.shared_while
-
-    def spy(wanted):
-        seen.append(os.environ.get(blas_threads.VARIABLE))
-        return real(wanted)
-
-    monkeypatch.setattr(blas_threads, "shared_while", spy)
-    monkeypatch.delenv(blas_threads.VARIABLE, raising=False)
-    variant = cnn.CASE.variants["openblas"]
-    assert variant.environment == {blas_threads.VARIABLE: "0"} and variant.build is cnn.build_neuroflow
-    step = convnet_bench.neuroflow_stepper(cnn.CASE, variant)
-    assert np.isfinite(step()) and np.isfinite(step())
-    assert seen == ["0", "0"] and blas_threads.VARIABLE not in os.environ  # set for its steps, then restored
-    monkeypatch.setenv(blas_threads.VARIABLE, "1")
-    step()
-    assert os.environ[blas_threads.VARIABLE] == "1"
