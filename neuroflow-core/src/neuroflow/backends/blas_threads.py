@@ -13,16 +13,14 @@ with the spinning cut short (``OPENBLAS_THREAD_TIMEOUT=4`` before numpy
 loads) took 78.8 ms.
 
 OpenBLAS (0.3.27 on) lets the caller run those jobs instead:
-``openblas_set_threads_callback_function``. The callback registered here
-hands each parallel region of OpenBLAS to NeuroFlow's own threads, which
-block on a queue when idle: a *leader* takes regions one at a time, gives
-jobs 1…n−1 to *followers* and runs job 0 itself. The jobs of a region wait
-for each other inside OpenBLAS, so they must run at once: the crew never runs
-anything else, and regions never overlap (OpenBLAS serialises its level-3
-calls itself, not its level-2 ones). The calling thread only posts the region
-and waits (measured against handing job ``i`` straight to worker ``i``: the
-leader's step was 3–5 % faster on the small CNN; the two workers' wake-ups
-and their turns at the GIL cost more than the leader's one hand-off). A signal handler that raises while
+``openblas_set_threads_callback_function``. :func:`share` registers a
+callback that hands each parallel region of OpenBLAS to NeuroFlow's own
+threads, which block on a queue when idle: a *leader* takes regions one at a
+time, gives jobs 1…n−1 to *followers* and runs job 0 itself. The jobs of a
+region wait for each other inside OpenBLAS, so they must run at once: the
+leader's crew never runs anything else, and regions never overlap (OpenBLAS
+serialises its level-3 calls itself, not its level-2 ones). The calling
+thread only posts the region and waits. A signal handler that raises while
 it waits (Ctrl-C) cannot end the wait early, since OpenBLAS's job data lives
 on the caller's stack until every job is done: the exception is held, and
 once the region is done it is raised again in the caller's own code (a
@@ -35,30 +33,25 @@ window of microseconds against the milliseconds a product takes.
 
 Waking a sleeping thread costs tens of microseconds where a spinning one
 answers at once: a small threaded GEMM (64×784 by 784×128, 2 threads) takes
-~45 µs longer, and a detector's batch-1 inference, dozens of such products,
-took 1.8× as long. So the Trainer shares only during training steps
-(:func:`shared_while`), and only once :mod:`~neuroflow.backends.cpu_parallel`
-has started its workers, i.e. once elementwise work was large enough to split
-(convolutional maps): never for an MLP whose arrays stay under its
-threshold, nor for inference. :func:`share` and :func:`unshare` do it by hand.
-``NEUROFLOW_SHARE_BLAS_THREADS=0`` keeps OpenBLAS's own threads always;
-other BLAS libraries (MKL, Accelerate) and OpenBLAS builds without the
-callback are left as they are. A forked child gets a new crew on its first
-region; at exit the callback is removed.
+~45 µs longer. So :func:`share` runs only when :mod:`~neuroflow.backends.
+cpu_parallel` first starts its workers, i.e. when elementwise work is large
+enough to split (convolutional maps), never for an MLP whose arrays stay under
+its threshold. ``NEUROFLOW_SHARE_BLAS_THREADS=0`` keeps OpenBLAS's own
+threads; other BLAS libraries (MKL, Accelerate) and OpenBLAS builds without
+the callback are left as they are. A forked child gets a new crew on its
+first region; at exit the callback is removed before the crew stops.
 """
 
 from __future__ import annotations
 
 import _thread
 import atexit
-import contextlib
 import ctypes
 import os
 import queue
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from neuroflow.backends.cpu import openblas_library
@@ -144,8 +137,6 @@ class _Crew:
 _crew: _Crew | None = None
 _crew_lock = threading.Lock()
 _setter: Any = None
-_manual = False  # share() was called
-_holders = 0  # steps inside shared_while(True)
 _installed = False
 _previous_hook = sys.unraisablehook
 
@@ -264,66 +255,24 @@ def available() -> bool:
     return bool(_setter)
 
 
-def _install(wanted: bool) -> None:
-    """Register the callback (``wanted``) or remove it, under ``_crew_lock``."""
-    global _installed, _previous_hook
-    if wanted and not _installed:
-        if sys.unraisablehook is not _on_unraisable:
-            _previous_hook, sys.unraisablehook = sys.unraisablehook, _on_unraisable
-        _setter(ctypes.cast(_c_callback, ctypes.c_void_p))
-    elif not wanted and _installed:
-        _setter(None)
-    _installed = wanted
-
-
-def enabled() -> bool:
-    """Whether sharing may happen here: numpy's BLAS takes the callback and ``NEUROFLOW_SHARE_BLAS_THREADS`` is
-    not "0"."""
-    return os.environ.get(VARIABLE, "").strip() != "0" and available()
-
-
 def share() -> bool:
-    """Run OpenBLAS's parallel jobs on NeuroFlow's threads from now on, until :func:`unshare`; whether they do."""
-    global _manual
-    if not enabled():
+    """Run OpenBLAS's parallel jobs on NeuroFlow's threads from now on; whether they do (see the module)."""
+    global _installed, _previous_hook
+    if _installed:
+        return True
+    if os.environ.get(VARIABLE, "").strip() == "0" or not available():
         return False
     with _crew_lock:
-        _manual = True
-        _install(True)
+        if not _installed:
+            if sys.unraisablehook is not _on_unraisable:
+                _previous_hook, sys.unraisablehook = sys.unraisablehook, _on_unraisable
+            _setter(ctypes.cast(_c_callback, ctypes.c_void_p))
+            _installed = True
     return True
 
 
-def unshare() -> None:
-    """Undo :func:`share` (later calls; a region in flight finishes on NeuroFlow's threads). Steps inside
-    :func:`shared_while` keep sharing until they end."""
-    global _manual
-    with _crew_lock:
-        _manual = False
-        if available():
-            _install(_holders > 0)
-
-
-@contextlib.contextmanager
-def shared_while(wanted: bool) -> Iterator[None]:
-    """Share for the duration of the block when ``wanted`` (and :func:`enabled`); blocks nest and may run in
-    several threads at once: the last to end gives OpenBLAS its threads back (unless :func:`share` holds them)."""
-    global _holders
-    if not wanted or not enabled():
-        yield
-        return
-    with _crew_lock:
-        _holders += 1
-        _install(True)
-    try:
-        yield
-    finally:
-        with _crew_lock:
-            _holders -= 1
-            _install(_manual or _holders > 0)
-
-
 def shared() -> bool:
-    """Whether OpenBLAS's parallel jobs run on NeuroFlow's threads now."""
+    """Whether OpenBLAS's parallel jobs run on NeuroFlow's threads."""
     return _installed
 
 
@@ -332,12 +281,17 @@ def regions() -> int:
     return 0 if _crew is None or _crew.pid != os.getpid() else _crew.regions
 
 
-def _at_exit() -> None:
-    global _manual, _holders
+def unshare() -> None:
+    """Give OpenBLAS its own threads back (later calls; a region in flight finishes on NeuroFlow's)."""
+    global _installed
     with _crew_lock:
-        _manual, _holders = False, 0
-        if available():
-            _install(False)
+        if _installed:
+            _setter(None)
+            _installed = False
+
+
+def _at_exit() -> None:
+    unshare()
     if _crew is not None and _crew.pid == os.getpid():
         _crew.stop()
 

@@ -22,10 +22,9 @@ hold), else those variables, else the CPUs this process may run on;
 while a GEMM does (an op's work is sequential), so the two don't oversubscribe.
 Work under :data:`MIN_PARALLEL` elements stays inline: a hand-off costs tens of
 microseconds. A call from a pool worker (a body that itself splits) runs inline.
-Once the pool has started (:func:`started`), a training step runs OpenBLAS's
-parallel jobs on threads that sleep when idle
-(:mod:`neuroflow.backends.blas_threads`): its own workers spin for ~0.1 s
-after each GEMM, on the cores the pool needs.
+When the pool first starts its workers, OpenBLAS's own parallel jobs move to
+threads that sleep when idle (:mod:`neuroflow.backends.blas_threads`): its
+workers otherwise spin for ~0.1 s after each GEMM on the cores the pool needs.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow.backends import blas_threads
 from neuroflow.backends.cpu import openblas_threads
 
 #: Elements of work (summed over the arrays an op reads and writes) below which it runs on the calling thread.
@@ -128,6 +128,8 @@ class _Pool:
         self.lock = threading.Lock()
 
     def ensure(self, count: int) -> None:
+        if count > 0 and not self.workers:
+            blas_threads.share()  # OpenBLAS's idle workers would spin on the cores these workers need
         with self.lock:
             while len(self.workers) < count:
                 worker = threading.Thread(target=self._serve, name=f"neuroflow-cpu-{len(self.workers)}", daemon=True)
@@ -164,12 +166,6 @@ def _the_pool() -> _Pool:
                 _pool = _Pool()
             pool = _pool
     return pool
-
-
-def started() -> bool:
-    """Whether this process's pool has started workers: some elementwise work was large enough to split."""
-    pool = _pool
-    return pool is not None and pool.pid == os.getpid() and bool(pool.workers)
 
 
 def _forget_pool() -> None:  # in a forked child: the parent's workers did not come along

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 
 from neuroflow import debug
-from neuroflow.backends import blas_threads, cpu_parallel
 from neuroflow.data.loader import shard_bounds
 from neuroflow.errors import NonFiniteDataError, NonFiniteLossError
 from neuroflow.losses.cross_entropy import CrossEntropy
@@ -74,19 +73,17 @@ class OptimisationStep:
         """One step over ``micro_batches``; the mean loss and, for classification when ``count_correct`` (``fit``
         reports accuracy, ``train_step`` does not), the correct predictions, else 0."""
         session = self.session
-        # OpenBLAS's idle workers would spin on the cores the elementwise pool, once it has started, needs
-        with blas_threads.shared_while(cpu_parallel.started()):
-            if self.replays and len(micro_batches) == 1:
-                replayed = self._replayed(session, *micro_batches[0], count_correct and self.classification)
-                if replayed is not None:
-                    return replayed
-            with session.lend():
-                try:
-                    return self._run(session, micro_batches, count_correct and self.classification)
-                finally:
-                    if self._recording_now is not None:  # the step is over, whether it was recorded or failed
-                        self._recording_now.stop()
-                        self._recording_now = None
+        if self.replays and len(micro_batches) == 1:
+            replayed = self._replayed(session, *micro_batches[0], count_correct and self.classification)
+            if replayed is not None:
+                return replayed
+        with session.lend():
+            try:
+                return self._run(session, micro_batches, count_correct and self.classification)
+            finally:
+                if self._recording_now is not None:  # the step is over, whether it was recorded or failed
+                    self._recording_now.stop()
+                    self._recording_now = None
 
     def _key(self, x: Any, y: Any) -> tuple[Any, ...]:
         """What a replay depends on beyond its arrays: the model's structure and packing, the pool, the arrays'
