@@ -20,7 +20,7 @@ _THREADS_SYMBOLS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num
 
 
 @functools.lru_cache(maxsize=1)
-def openblas_library() -> ctypes.CDLL | None:
+def _openblas() -> ctypes.CDLL | None:
     """numpy's OpenBLAS (the handle numpy loaded already), or None for another BLAS."""
     folder = Path(np.__file__).resolve().parent.parent / "numpy.libs"
     for path in sorted(folder.glob("*openblas*")) if folder.is_dir() else ():
@@ -33,7 +33,7 @@ def openblas_library() -> ctypes.CDLL | None:
 
 @functools.lru_cache(maxsize=1)
 def _threads_function() -> Callable[[], int] | None:
-    library = openblas_library()
+    library = _openblas()
     for symbol in _THREADS_SYMBOLS if library is not None else ():
         function = getattr(library, symbol, None)
         if function is not None:
@@ -56,7 +56,7 @@ def blas_core() -> str | None:
     by itself) ran a ResNet-18 step in 0.65× the time of the AVX2 ones ("Haswell", which the environment
     variable ``OPENBLAS_CORETYPE=Haswell`` forces). The variable is read when numpy loads OpenBLAS.
     """
-    library = openblas_library()
+    library = _openblas()
     for symbol in _CORENAME_SYMBOLS if library is not None else ():
         corename = getattr(library, symbol, None)
         if corename is not None:

@@ -22,9 +22,6 @@ hold), else those variables, else the CPUs this process may run on;
 while a GEMM does (an op's work is sequential), so the two don't oversubscribe.
 Work under :data:`MIN_PARALLEL` elements stays inline: a hand-off costs tens of
 microseconds. A call from a pool worker (a body that itself splits) runs inline.
-When the pool first starts its workers, OpenBLAS's own parallel jobs move to
-threads that sleep when idle (:mod:`neuroflow.backends.blas_threads`): its
-workers otherwise spin for ~0.1 s after each GEMM on the cores the pool needs.
 """
 
 from __future__ import annotations
@@ -39,7 +36,6 @@ from typing import Any
 
 import numpy as np
 
-from neuroflow.backends import blas_threads
 from neuroflow.backends.cpu import openblas_threads
 
 #: Elements of work (summed over the arrays an op reads and writes) below which it runs on the calling thread.
@@ -128,8 +124,6 @@ class _Pool:
         self.lock = threading.Lock()
 
     def ensure(self, count: int) -> None:
-        if count > 0 and not self.workers:
-            blas_threads.share()  # OpenBLAS's idle workers would spin on the cores these workers need
         with self.lock:
             while len(self.workers) < count:
                 worker = threading.Thread(target=self._serve, name=f"neuroflow-cpu-{len(self.workers)}", daemon=True)
