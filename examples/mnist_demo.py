@@ -14,8 +14,12 @@ from __future__ import annotations
 import argparse
 import time
 
-import neuroflow as nf
-from neuroflow import ops
+from neuroflow import blas_idle
+
+blas_idle.prepare()  # before numpy loads: how long OpenBLAS's idle threads spin (see neuroflow.blas_idle)
+
+import neuroflow as nf  # noqa: E402 - after prepare()
+from neuroflow import ops  # noqa: E402
 
 
 def build_mlp() -> nf.Sequential:

@@ -1,11 +1,19 @@
-"""The cpu backend: which BLAS kernels numpy runs (they decide GEMM speed), and its fused-kernel lookups."""
+"""The cpu backend: which BLAS kernels numpy runs (they decide GEMM speed), how long its idle threads spin, and its
+fused-kernel lookups."""
 
 from __future__ import annotations
 
-import numpy as np
+import os
+import pathlib
+import subprocess
+import sys
 
+import numpy as np
+import pytest
+
+from neuroflow import blas_idle
 from neuroflow.backends import kernels
-from neuroflow.backends.cpu import CpuBackend, blas_core
+from neuroflow.backends.cpu import CpuBackend, blas_core, openblas_thread_timeout
 
 
 def test_describe_names_the_blas_kernels_and_a_forced_choice(monkeypatch):
@@ -30,3 +38,41 @@ def test_numpy_has_no_fused_kernels_but_a_subclass_that_adds_one_is_asked():
     backend = WithLinear()
     assert backend.fused(kernels.LINEAR.name, np.zeros(2)) is linear
     assert backend.fused(kernels.SGD_UPDATE.name, np.zeros(2)) is None
+
+
+def _run(code: str, **env: str) -> list[str]:
+    variables = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    done = subprocess.run([sys.executable, "-c", code], env={**variables, **env}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("\n")[:-1]
+
+
+_SEEN = """
+import sys
+{first}
+from neuroflow.backends.cpu import CpuBackend, openblas_thread_timeout
+import os
+print(os.environ.get("OPENBLAS_THREAD_TIMEOUT"), openblas_thread_timeout(), CpuBackend().describe()["blas_idle_spin"])
+"""
+
+
+@pytest.mark.skipif(openblas_thread_timeout() is None, reason="numpy's BLAS is not an OpenBLAS that says")
+def test_neuroflow_programs_shorten_openblas_idle_spin_before_numpy_loads_and_a_library_import_does_not():
+    spin = f"2^{blas_idle.TIMEOUT} ticks (OPENBLAS_THREAD_TIMEOUT={blas_idle.TIMEOUT})"
+    # the command line and the demo: before numpy loads, so OpenBLAS reads it
+    assert _run(_SEEN.format(first="import neuroflow.cli")) == [f"{blas_idle.TIMEOUT} {blas_idle.TIMEOUT} {spin}"]
+    # a user's own value stands
+    assert _run(_SEEN.format(first="import neuroflow.cli"), OPENBLAS_THREAD_TIMEOUT="9") == [
+        "9 9 2^9 ticks (OPENBLAS_THREAD_TIMEOUT=9)"]
+    # a library import changes nothing, and prepare() after numpy says it came too late (children still see it)
+    assert _run(_SEEN.format(first="import neuroflow as nf, numpy")) == ["None 0 2^28 ticks (OpenBLAS's default)"]
+    late = "import numpy\nfrom neuroflow import blas_idle\nprint(blas_idle.prepare())"
+    assert _run(_SEEN.format(first=late))[0] == "False"
+
+
+def test_the_demo_prepares_before_anything_loads_numpy():
+    source = (pathlib.Path(__file__).parents[2] / "examples" / "mnist_demo.py").read_text()
+    prepared = source.index("blas_idle.prepare()")
+    assert all(source.index(line) > prepared for line in ("import neuroflow as nf", "from neuroflow import ops"))
+    assert "import numpy" not in source[:prepared]

@@ -52,7 +52,7 @@ LAZY_MARK = "lazy:"
 #: the Trainer included, so a module below it imports the module it needs, not the package.
 #: This is the one declaration of the layers (docs/architecture.md cites it); change it here.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("neuroflow.version", "neuroflow.errors", "neuroflow.tensor", "neuroflow.random", "neuroflow.debug", "neuroflow.hookspecs",
+    ("base", ("neuroflow.version", "neuroflow.blas_idle", "neuroflow.errors", "neuroflow.tensor", "neuroflow.random", "neuroflow.debug", "neuroflow.hookspecs",
               "neuroflow.registry", "neuroflow.plugins", "neuroflow.history", "neuroflow.progress",
               "neuroflow.schedulers", "neuroflow.data", "neuroflow.replay")),
     ("backends", ("neuroflow.backends", "neuroflow.allocators")),

@@ -20,7 +20,7 @@ _THREADS_SYMBOLS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num
 
 
 @functools.lru_cache(maxsize=1)
-def _openblas() -> ctypes.CDLL | None:
+def openblas_library() -> ctypes.CDLL | None:
     """numpy's OpenBLAS (the handle numpy loaded already), or None for another BLAS."""
     folder = Path(np.__file__).resolve().parent.parent / "numpy.libs"
     for path in sorted(folder.glob("*openblas*")) if folder.is_dir() else ():
@@ -33,7 +33,7 @@ def _openblas() -> ctypes.CDLL | None:
 
 @functools.lru_cache(maxsize=1)
 def _threads_function() -> Callable[[], int] | None:
-    library = _openblas()
+    library = openblas_library()
     for symbol in _THREADS_SYMBOLS if library is not None else ():
         function = getattr(library, symbol, None)
         if function is not None:
@@ -48,6 +48,17 @@ def openblas_threads() -> int | None:
     return None if function is None else int(function())
 
 
+def openblas_thread_timeout() -> int | None:
+    """The ``OPENBLAS_THREAD_TIMEOUT`` numpy's OpenBLAS read when it loaded (0: unset, its default 2^28 ticks of
+    spinning), or None for another BLAS or an OpenBLAS without the query (see :mod:`neuroflow.blas_idle`)."""
+    library = openblas_library()
+    function = getattr(library, "openblas_thread_timeout", None) if library is not None else None
+    if function is None:
+        return None
+    function.restype = ctypes.c_int
+    return int(function())
+
+
 @functools.lru_cache(maxsize=1)
 def blas_core() -> str | None:
     """The kernels numpy's OpenBLAS chose for this CPU ("SkylakeX", "Haswell", ...), or None for another BLAS.
@@ -56,7 +67,7 @@ def blas_core() -> str | None:
     by itself) ran a ResNet-18 step in 0.65× the time of the AVX2 ones ("Haswell", which the environment
     variable ``OPENBLAS_CORETYPE=Haswell`` forces). The variable is read when numpy loads OpenBLAS.
     """
-    library = _openblas()
+    library = openblas_library()
     for symbol in _CORENAME_SYMBOLS if library is not None else ():
         corename = getattr(library, symbol, None)
         if corename is not None:
@@ -94,7 +105,18 @@ class CpuBackend(Backend):
             "numpy": np.__version__,
             "cpu_count": str(os.cpu_count()),
             "blas_core": _described_core(),
+            "blas_idle_spin": _described_spin(),
         }
+
+
+def _described_spin() -> str:
+    """How long an idle OpenBLAS worker spins, as OpenBLAS read it when numpy loaded (see neuroflow.blas_idle)."""
+    exponent = openblas_thread_timeout()
+    if exponent is None:
+        return "unknown"
+    if exponent == 0:
+        return "2^28 ticks (OpenBLAS's default)"
+    return f"2^{min(max(exponent, 4), 30)} ticks (OPENBLAS_THREAD_TIMEOUT={exponent})"
 
 
 def _described_core() -> str:
