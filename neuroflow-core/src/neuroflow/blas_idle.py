@@ -6,10 +6,10 @@ the next call finds them awake. A training step calls a GEMM every few
 milliseconds, so a core is never free of a spinning worker, and the
 elementwise passes :mod:`neuroflow.backends.cpu_parallel` splits between the
 cores run at half speed on it. Measured on the small CNN of
-``benchmarks/cnn.py`` (2 threads, 2-core EPYC, one process per setting):
-a step took 82–85 ms with OpenBLAS's default and 70–75 ms with
-``OPENBLAS_THREAD_TIMEOUT=18`` (2^18 ticks, ~0.1 ms), the MLP of
-``benchmarks/mlp.py`` at 2 threads no slower.
+``benchmarks/cnn.py`` (2 threads, 2-core EPYC): a step took 83–90 ms with
+OpenBLAS's default and 76–77 ms with ``OPENBLAS_THREAD_TIMEOUT=18`` (2^18
+ticks, ~0.1 ms), an epoch of ``make demo`` 109 s and 85 s; an MLP step at
+2 threads moved within this machine's noise.
 
 OpenBLAS reads the variable once, when numpy loads it, so a library cannot
 set it: by the time ``neuroflow`` is imported, numpy usually is. The
