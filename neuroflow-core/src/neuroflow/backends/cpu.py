@@ -19,8 +19,11 @@ _THREADS_SYMBOLS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num
                     "openblas_get_num_threads")
 
 
+_TIMEOUT_SYMBOLS = ("openblas_thread_timeout",)
+
+
 @functools.lru_cache(maxsize=1)
-def openblas_library() -> ctypes.CDLL | None:
+def _openblas() -> ctypes.CDLL | None:
     """numpy's OpenBLAS (the handle numpy loaded already), or None for another BLAS."""
     folder = Path(np.__file__).resolve().parent.parent / "numpy.libs"
     for path in sorted(folder.glob("*openblas*")) if folder.is_dir() else ():
@@ -31,32 +34,30 @@ def openblas_library() -> ctypes.CDLL | None:
     return None
 
 
-@functools.lru_cache(maxsize=1)
-def _threads_function() -> Callable[[], int] | None:
-    library = openblas_library()
-    for symbol in _THREADS_SYMBOLS if library is not None else ():
+@functools.cache
+def _function(symbols: tuple[str, ...], restype: Any) -> Callable[[], Any] | None:
+    """The first of ``symbols`` numpy's OpenBLAS exports, returning ``restype``; None for another BLAS."""
+    library = _openblas()
+    for symbol in symbols if library is not None else ():
         function = getattr(library, symbol, None)
         if function is not None:
-            function.restype = ctypes.c_int
+            function.restype = restype
             return function  # type: ignore[no-any-return]
     return None
 
 
 def openblas_threads() -> int | None:
     """The threads numpy's OpenBLAS uses now (its variables, ``threadpoolctl`` limits), or None for another BLAS."""
-    function = _threads_function()
+    function = _function(_THREADS_SYMBOLS, ctypes.c_int)
     return None if function is None else int(function())
 
 
+@functools.lru_cache(maxsize=1)
 def openblas_thread_timeout() -> int | None:
     """The ``OPENBLAS_THREAD_TIMEOUT`` numpy's OpenBLAS read when it loaded (0: unset, its default 2^28 ticks of
     spinning), or None for another BLAS or an OpenBLAS without the query (see :mod:`neuroflow.blas_idle`)."""
-    library = openblas_library()
-    function = getattr(library, "openblas_thread_timeout", None) if library is not None else None
-    if function is None:
-        return None
-    function.restype = ctypes.c_int
-    return int(function())
+    function = _function(_TIMEOUT_SYMBOLS, ctypes.c_int)
+    return None if function is None else int(function())
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,14 +68,9 @@ def blas_core() -> str | None:
     by itself) ran a ResNet-18 step in 0.65× the time of the AVX2 ones ("Haswell", which the environment
     variable ``OPENBLAS_CORETYPE=Haswell`` forces). The variable is read when numpy loads OpenBLAS.
     """
-    library = openblas_library()
-    for symbol in _CORENAME_SYMBOLS if library is not None else ():
-        corename = getattr(library, symbol, None)
-        if corename is not None:
-            corename.restype = ctypes.c_char_p
-            name = corename()
-            return name.decode() if name else None
-    return None
+    function = _function(_CORENAME_SYMBOLS, ctypes.c_char_p)
+    name = None if function is None else function()
+    return name.decode() if name else None
 
 
 class CpuBackend(Backend):
