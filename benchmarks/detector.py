@@ -29,6 +29,9 @@ step of each contender alone in its own process, with its peak RSS rise over set
 
 from __future__ import annotations
 
+import neuroflow  # noqa: F401 - first, as the spec's snippet does: it shortens OpenBLAS's idle spin (neuroflow.blas_idle)
+
+# isort: split
 import argparse
 import functools
 import importlib.util

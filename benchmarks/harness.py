@@ -226,14 +226,17 @@ def limit_threads(threads: int) -> dict[str, Any]:
     report["openblas"] = openblas_threads()
     from neuroflow.backends.cpu import CpuBackend  # lazy: once numpy loaded OpenBLAS, which chose its kernels then
 
-    report["blas_core"] = CpuBackend().describe()["blas_core"]  # AVX2 or AVX-512 GEMMs: 1.5-1.9x apart on Zen 5
+    described = CpuBackend().describe()
+    report["blas_core"] = described["blas_core"]  # AVX2 or AVX-512 GEMMs: 1.5-1.9x apart on Zen 5
+    report["blas_idle_spin"] = described["blas_idle_spin"]  # what OpenBLAS read (neuroflow.blas_idle)
     report["how"] = "; ".join(how)
     return report
 
 
 def describe_threads(report: dict[str, Any]) -> str:
     """One line: how the threads were set and what each library reports (from :func:`limit_threads`)."""
-    says = [f"OpenBLAS (numpy) {report['openblas']}, kernels {report.get('blas_core', 'unknown')}"]
+    says = [f"OpenBLAS (numpy) {report['openblas']}, kernels {report.get('blas_core', 'unknown')}, idle spin "
+            f"{report.get('blas_idle_spin', 'unknown')}"]
     if "torch" in report:
         says.append(f"torch {report['torch']}")
     says += [f"{p['prefix']} ({p['internal_api']}) {p['num_threads']}" for p in report.get("threadpoolctl", [])]

@@ -18,6 +18,9 @@ with each worker's RSS after setup and its peak during the first and later steps
 
 from __future__ import annotations
 
+import neuroflow  # noqa: F401 - first, as the spec's snippet does: it shortens OpenBLAS's idle spin (neuroflow.blas_idle)
+
+# isort: split
 import argparse
 import functools
 import importlib.util

@@ -18,6 +18,9 @@ See ``convnet_bench.py`` for what a step is and how it is timed.
 
 from __future__ import annotations
 
+import neuroflow  # noqa: F401 - first, as the spec's snippet does: it shortens OpenBLAS's idle spin (neuroflow.blas_idle)
+
+# isort: split
 import sys
 from typing import Any
 

@@ -14,12 +14,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from neuroflow import blas_idle
-
-blas_idle.prepare()  # before numpy loads: how long OpenBLAS's idle threads spin (see neuroflow.blas_idle)
-
-import neuroflow as nf  # noqa: E402 - after prepare()
-from neuroflow import ops  # noqa: E402
+import neuroflow as nf  # before numpy: it shortens OpenBLAS's idle spin (neuroflow.blas_idle)
+from neuroflow import ops
 
 
 def build_mlp() -> nf.Sequential:

@@ -58,17 +58,22 @@ print(os.environ.get("OPENBLAS_THREAD_TIMEOUT"), openblas_thread_timeout(), CpuB
 
 
 @pytest.mark.skipif(openblas_thread_timeout() is None, reason="numpy's BLAS is not an OpenBLAS that says")
-def test_neuroflow_programs_shorten_openblas_idle_spin_before_numpy_loads_and_a_library_import_does_not():
+def test_importing_neuroflow_before_numpy_shortens_openblas_idle_spin_and_a_users_setting_stands():
     spin = f"2^{blas_idle.TIMEOUT} ticks (OPENBLAS_THREAD_TIMEOUT={blas_idle.TIMEOUT})"
-    # the command line and the demo: before numpy loads, so OpenBLAS reads it
+    # the spec's snippet: neuroflow first, numpy after it (here through the cpu backend), so OpenBLAS reads it
+    assert _run(_SEEN.format(first="import neuroflow as nf")) == [f"{blas_idle.TIMEOUT} {blas_idle.TIMEOUT} {spin}"]
     assert _run(_SEEN.format(first="import neuroflow.cli")) == [f"{blas_idle.TIMEOUT} {blas_idle.TIMEOUT} {spin}"]
-    # a user's own value stands
-    assert _run(_SEEN.format(first="import neuroflow.cli"), OPENBLAS_THREAD_TIMEOUT="9") == [
+    # a user's own value stands, OpenBLAS's default included
+    assert _run(_SEEN.format(first="import neuroflow"), OPENBLAS_THREAD_TIMEOUT="9") == [
         "9 9 2^9 ticks (OPENBLAS_THREAD_TIMEOUT=9)"]
-    # a library import changes nothing, and prepare() after numpy says it came too late (children still see it)
-    assert _run(_SEEN.format(first="import neuroflow as nf, numpy")) == ["None 0 2^28 ticks (OpenBLAS's default)"]
+    # numpy first: too late for this process (the cpu backend says so); processes it starts still inherit it
+    assert _run(_SEEN.format(first="import numpy\nimport neuroflow")) == [
+        f"{blas_idle.TIMEOUT} 0 2^28 ticks (OpenBLAS's default)"]
     late = "import numpy\nfrom neuroflow import blas_idle\nprint(blas_idle.prepare())"
     assert _run(_SEEN.format(first=late))[0] == "False"
+    child = ("import neuroflow, subprocess\n"
+             "subprocess.run([sys.executable, '-c', 'import os; print(os.environ.get(\"OPENBLAS_THREAD_TIMEOUT\"))'])")
+    assert _run(_SEEN.format(first=child)) == [str(blas_idle.TIMEOUT), f"{blas_idle.TIMEOUT} {blas_idle.TIMEOUT} {spin}"]
 
 
 def test_the_demo_prepares_before_anything_loads_numpy():

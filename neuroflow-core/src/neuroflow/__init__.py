@@ -1,6 +1,8 @@
 """NeuroFlow: a memory-aware neural-network training runtime for ordinary hardware.
 
-Submodules load on first use so ``import neuroflow`` stays fast.
+Submodules load on first use so ``import neuroflow`` stays fast. Imported
+before numpy (as the spec's snippet does), it shortens how long OpenBLAS's
+idle threads spin (:mod:`neuroflow.blas_idle`), unless the user set that.
 """
 
 from __future__ import annotations
@@ -8,7 +10,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from neuroflow import blas_idle
 from neuroflow.version import __version__ as __version__
+
+blas_idle.prepare()  # numpy is not imported by this module: OpenBLAS reads the setting if numpy loads after it
 
 _ATTRIBUTES = {
     "Tensor": "neuroflow.tensor",

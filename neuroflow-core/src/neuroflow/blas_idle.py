@@ -1,4 +1,4 @@
-"""How long numpy's OpenBLAS lets an idle worker thread spin: NeuroFlow's own programs shorten it before numpy loads.
+"""How long numpy's OpenBLAS lets an idle worker thread spin: NeuroFlow shortens it when imported before numpy.
 
 numpy's wheels ship a pthreads OpenBLAS whose worker threads, after every
 threaded call, busy-wait for 2^28 time-stamp-counter ticks (~0.1 s) so that
@@ -11,15 +11,19 @@ OpenBLAS's default and 76–77 ms with ``OPENBLAS_THREAD_TIMEOUT=18`` (2^18
 ticks, ~0.1 ms), an epoch of ``make demo`` 109 s and 85 s; an MLP step at
 2 threads moved within this machine's noise.
 
-OpenBLAS reads the variable once, when numpy loads it, so a library cannot
-set it: by the time ``neuroflow`` is imported, numpy usually is. The
-``neuroflow`` command and ``make demo`` call :func:`prepare` first, which
-sets it (unless the user did) for their process and its children (the ranks
-``--nproc`` starts). A script sets it itself, before Python starts:
-``OPENBLAS_THREAD_TIMEOUT=18 python train.py``. Running OpenBLAS's threads on
-NeuroFlow's own through ``openblas_set_threads_callback_function`` was tried
-and left: its jobs share per-thread state with OpenBLAS's own workers, and a
-product computed on them in another thread came back wrong.
+OpenBLAS reads the variable once, when numpy loads it. ``import neuroflow``
+does not load numpy, so :func:`prepare` runs there: a script that imports
+NeuroFlow first, as the spec's snippet does, gets the setting (unless the
+user set the variable), and so do the processes it starts, which inherit it.
+A script that imports numpy first keeps OpenBLAS's default: start it as
+``OPENBLAS_THREAD_TIMEOUT=18 python train.py``; ``neuroflow doctor`` (the cpu
+backend's ``blas_idle_spin``) says what OpenBLAS read. The setting only
+changes how soon an idle worker sleeps: a product issued after it slept waits
+for the worker to wake. ``OPENBLAS_THREAD_TIMEOUT=28`` keeps OpenBLAS's
+default. Running OpenBLAS's threads on NeuroFlow's own through
+``openblas_set_threads_callback_function`` was tried and left: its jobs share
+per-thread state with OpenBLAS's own workers, and a product computed on them
+in another thread came back wrong.
 """
 
 from __future__ import annotations
