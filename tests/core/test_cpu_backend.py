@@ -63,7 +63,7 @@ def test_importing_neuroflow_before_numpy_shortens_openblas_idle_spin_and_a_user
     # the spec's snippet: neuroflow first, numpy after it (here through the cpu backend), so OpenBLAS reads it
     assert _run(_SEEN.format(first="import neuroflow as nf")) == [f"{blas_idle.TIMEOUT} {blas_idle.TIMEOUT} {spin}"]
     assert _run(_SEEN.format(first="import neuroflow.cli")) == [f"{blas_idle.TIMEOUT} {blas_idle.TIMEOUT} {spin}"]
-    # a user's own value stands, OpenBLAS's default included
+    # a user's own value stands
     assert _run(_SEEN.format(first="import neuroflow"), OPENBLAS_THREAD_TIMEOUT="9") == [
         "9 9 2^9 ticks (OPENBLAS_THREAD_TIMEOUT=9)"]
     # numpy first: too late for this process (the cpu backend says so); processes it starts still inherit it
