@@ -425,10 +425,8 @@ def test_the_children_end_with_their_parent(site: Path, tmp_path: Path, how: str
     import time
 
     env = {**os.environ, "NEUROFLOW_CACHE_DIR": str(tmp_path / "cache"), qualification.TIMEOUT_VAR: "120"}
-    # SIGINT at its default, as a terminal starts a program (a test run in a shell's background ignores it)
     user = subprocess.Popen([sys.executable, "-c", SUPERVISED, str(site)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert user.stdout.readline().strip() == "ready"
 

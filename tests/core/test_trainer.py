@@ -103,7 +103,7 @@ def test_interrupt_stops_cleanly_after_the_current_step():
 
     plugin = InterruptAtStep3()
     plugin_manager().register(plugin)
-    before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN under a background job
+    before = signal.getsignal(signal.SIGINT)  # default_int_handler (tests/conftest.py sees to it)
     try:
         x, y = _blobs(64)
         trainer = nf.Trainer(_mlp(), batch_size=8, progress=False)

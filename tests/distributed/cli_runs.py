@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -67,13 +66,6 @@ def environment(**extra: str) -> dict[str, str]:
         env.pop(name, None)
     env.update(extra)
     return env
-
-
-def ctrl_c_as_in_a_terminal() -> None:
-    """``preexec_fn`` for a child a test sends Ctrl-C: SIGINT at its default, as a terminal starts a program. A
-    test run started in the background of a non-interactive shell (``make test &``) ignores SIGINT, and its
-    children would inherit that and never see the test's Ctrl-C."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def command(*args: str) -> list[str]:

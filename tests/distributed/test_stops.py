@@ -9,7 +9,7 @@ import signal
 import subprocess
 
 import pytest
-from cli_runs import checkpoints, command, ctrl_c_as_in_a_terminal, environment, finish, mnist_config, wait_for
+from cli_runs import checkpoints, command, environment, finish, mnist_config, wait_for
 
 
 def started(tmp_path):
@@ -17,7 +17,7 @@ def started(tmp_path):
     config = mnist_config(tmp_path, epochs=50, checkpoint_dir="ckpt", checkpoint_every=5, keep_checkpoints=2)
     process = subprocess.Popen(command("train", str(config), "--nproc", "2"), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=environment(),
-                               start_new_session=True, preexec_fn=ctrl_c_as_in_a_terminal)
+                               start_new_session=True)
     wait_for(lambda: checkpoints(tmp_path / "ckpt"), process, "a first checkpoint")
     return process
 

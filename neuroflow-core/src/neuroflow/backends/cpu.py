@@ -17,8 +17,6 @@ _CORENAME_SYMBOLS = ("scipy_openblas_get_corename64_", "scipy_openblas_get_coren
                      "openblas_get_corename")
 _THREADS_SYMBOLS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads", "openblas_get_num_threads64_",
                     "openblas_get_num_threads")
-
-
 _TIMEOUT_SYMBOLS = ("openblas_thread_timeout",)
 
 
