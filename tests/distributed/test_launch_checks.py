@@ -13,7 +13,6 @@ import time
 import numpy as np
 import pytest
 from cli_runs import command, environment, mnist_config, neuroflow
-from conftest import mpiexec
 
 from neuroflow.cli import main
 
@@ -61,7 +60,7 @@ def test_a_failed_run_without_checkpoints_gives_no_resume_advice(tmp_path):
 
 def test_a_rank_that_fails_before_meeting_the_others_ends_the_run(tmp_path):
     small_configs(tmp_path)
-    run = [mpiexec() or "mpiexec", "-n", "1", *command("train", "good.toml"), ":",
+    run = [launch.find_mpiexec(), "-n", "1", *command("train", "good.toml"), ":",
            "-n", "1", *command("train", "missing.toml")]
     began = time.monotonic()
     process = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
