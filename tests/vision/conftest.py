@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -16,7 +17,18 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(0)
 
 
+T = TypeVar("T")
+
 HAS_NUMBA = importlib.util.find_spec("numba") is not None
+
+
+def on_numpy(run: Callable[[], T]) -> T:
+    """``run()`` with every op on its numpy code (numba's kernels off), as the reference for the kernels."""
+    compiled.use_numba(False)
+    try:
+        return run()
+    finally:
+        compiled.use_numba(True)
 
 
 def _on_path(path: str) -> Iterator[str]:

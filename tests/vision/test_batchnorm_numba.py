@@ -3,8 +3,6 @@ count, the output written again bit for bit; numpy wherever the kernels do not a
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -13,7 +11,7 @@ import pytest
 from neuroflow.backends import cpu_parallel
 from neuroflow_ops_vision import BatchNorm2d, compiled
 
-from .conftest import HAS_NUMBA
+from .conftest import HAS_NUMBA, on_numpy
 from .reference import batch_norm_train
 
 pytestmark = pytest.mark.skipif(not HAS_NUMBA, reason="numba is not installed: pip install 'neuroflow-ops-vision[numba]'")
@@ -24,14 +22,6 @@ def step(bn: BatchNorm2d, x: np.ndarray, gy: np.ndarray) -> tuple[np.ndarray, ..
     y = bn.forward(x).copy()
     gx = bn.backward(gy).copy()
     return y, gx, bn.weight.grad.copy(), bn.bias.grad.copy(), bn.running_mean.data.copy(), bn.running_var.data.copy()
-
-
-def on_numpy(run: Any) -> Any:
-    compiled.use_numba(False)
-    try:
-        return run()
-    finally:
-        compiled.use_numba(True)
 
 
 def made(c: int, activation: str | None, dtype: Any, rng: np.random.Generator) -> BatchNorm2d:
@@ -122,30 +112,3 @@ def test_eval_a_strided_gradient_and_nan_give_the_numpy_codes_results(rng: np.ra
     bn.train()
     x[0, 0, 0, 0] = np.nan
     assert np.isnan(bn.forward(x)[0, 0, 0, 0])
-
-
-@pytest.fixture
-def fresh_kernel_lookup() -> Iterator[None]:
-    compiled.forget()
-    yield
-    compiled.forget()
-
-
-def test_kernels_that_fail_to_load_are_reported_once_and_numpy_runs(monkeypatch: pytest.MonkeyPatch,
-                                                                    fresh_kernel_lookup: None,
-                                                                    rng: np.random.Generator) -> None:
-    real = importlib.import_module
-
-    def refuse(name: str, *args: Any) -> Any:
-        if name.endswith("batchnorm_numba"):
-            raise ImportError("Numba needs NumPy 2.3 or less")
-        return real(name, *args)
-
-    monkeypatch.setattr(importlib, "import_module", refuse)
-    bn = made(3, "relu", np.float64, rng)
-    x = rng.standard_normal((2, 4, 4, 3))
-    with pytest.warns(RuntimeWarning, match="batch normalisations run on numpy alone: numba's kernels could not be"):
-        y = bn.forward(x).copy()
-    np.testing.assert_allclose(y, on_numpy(lambda: bn.forward(x).copy()), atol=1e-13)
-    assert compiled.kernels("batchnorm_numba", np, np.float64) is None  # the answer is kept: no second warning
-

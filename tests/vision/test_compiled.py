@@ -1,14 +1,21 @@
-"""The numba kernels' shared loading (neuroflow_ops_vision.compiled): a cache numba cannot read is rebuilt, for every
-kernel module."""
+"""The numba kernels' shared loading (neuroflow_ops_vision.compiled), for every kernel module: a cache numba cannot read
+is rebuilt; kernels that cannot be loaded are reported once and the op runs its numpy code."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
+
+from neuroflow.operator import Operator
+from neuroflow_ops_vision import BatchNorm2d, MaxPool2d, compiled
 
 from .conftest import HAS_NUMBA
 
@@ -22,6 +29,10 @@ PROGRAMS = {
                         "bn = BatchNorm2d(4, activation='relu', layout='NHWC'); x = np.arange(100.0, "
                         "dtype=np.float32).reshape(1, 5, 5, 4) / 100; y = bn.forward(x); bn.backward(y); "
                         "print(float(bn.weight.grad.sum()))"),
+    "pooling_numba": ("import numpy as np; from neuroflow_ops_vision import MaxPool2d; "
+                      "op = MaxPool2d(2, layout='NHWC', activation='relu'); x = np.arange(100.0, "
+                      "dtype=np.float32).reshape(1, 5, 5, 4) / 100 - 0.5; y = op.forward(x); "
+                      "print(float(op.backward(y).sum()))"),
 }
 
 
@@ -42,3 +53,45 @@ def test_a_cache_numba_cannot_read_is_rebuilt(module: str, tmp_path: Path) -> No
                            text=True)
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout == first
+
+
+#: (kernel module, an NHWC float64 op that runs its kernels, the warning's words for what falls back to numpy);
+#: test_conv_depthwise_numba.py has the depthwise kernels' own, with more ways to fail
+FALLBACKS: dict[str, tuple[Callable[[], Operator], str]] = {
+    "batchnorm_numba": (lambda: BatchNorm2d(3, activation="relu", layout="NHWC", dtype=np.float64),
+                        "batch normalisations"),
+    "pooling_numba": (lambda: MaxPool2d(2, layout="NHWC", activation="relu"), "max poolings"),
+}
+
+
+@pytest.fixture
+def fresh_kernel_lookup() -> Iterator[None]:
+    compiled.forget()
+    yield
+    compiled.forget()
+
+
+@pytest.mark.skipif(not HAS_NUMBA, reason="numba is not installed: pip install 'neuroflow-ops-vision[numba]'")
+@pytest.mark.parametrize("module", list(FALLBACKS))
+def test_kernels_that_fail_to_load_are_reported_once_and_numpy_runs(module: str, monkeypatch: pytest.MonkeyPatch,
+                                                                    fresh_kernel_lookup: None) -> None:
+    made, what = FALLBACKS[module]
+    real = importlib.import_module
+
+    def refuse(name: str, *args: Any) -> Any:
+        if name.endswith(module):
+            raise ImportError("Numba needs NumPy 2.3 or less")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", refuse)
+    x = np.random.default_rng(0).standard_normal((2, 4, 4, 3))
+    op = made()
+    with pytest.warns(RuntimeWarning, match=f"{what} run on numpy alone: numba's kernels could not be loaded"):
+        y = op.forward(x).copy()
+    compiled.use_numba(False)
+    try:
+        want = made().forward(x).copy()
+    finally:
+        compiled.use_numba(True)
+    np.testing.assert_array_equal(y, want)
+    assert compiled.kernels(module, np, np.float64) is None  # the answer is kept: no second warning

@@ -1,6 +1,6 @@
 """numba's compiled kernels for the vision ops: whether they run, loading them on first use, readiness per dtype.
 
-A kernel module (``conv_depthwise_numba``, ``batchnorm_numba``) imports numba
+A kernel module (``conv_depthwise_numba``, ``batchnorm_numba``, ``pooling_numba``) imports numba
 and defines ``ready(dtype)``, which compiles or loads its kernels for C-contiguous
 arrays of that dtype (with :func:`heal_cache`). The ops ask :func:`kernels`
 at each call; the answer is worked out once per module and dtype:
@@ -30,7 +30,8 @@ import numpy as np
 
 _wanted = os.environ.get("NEUROFLOW_NUMBA", "1").strip().lower() not in ("0", "false", "no", "off")
 #: what each kernel module computes, for the warnings: "<what> run on numpy alone: ..."
-_WHAT = {"conv_depthwise_numba": "depthwise convolutions", "batchnorm_numba": "batch normalisations"}
+_WHAT = {"conv_depthwise_numba": "depthwise convolutions", "batchnorm_numba": "batch normalisations",
+         "pooling_numba": "max poolings"}
 
 
 def use_numba(flag: bool) -> None:

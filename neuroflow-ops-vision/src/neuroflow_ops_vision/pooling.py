@@ -4,11 +4,14 @@ Max and average pooling loop over the kernel's taps, each a strided slice of
 the map. Max pooling records the winning tap per output in one byte (the
 first maximum wins ties, as in PyTorch) so backward needs neither the input
 nor the output; gradients go back by a strided assignment when windows tile
-the map exactly, by clipped strided adds otherwise.
+the map exactly, by clipped strided adds otherwise. On NHWC numpy maps with
+numba installed, max pooling runs compiled loops instead
+(:mod:`neuroflow_ops_vision.pooling_numba`): one pass each way, same results.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -17,6 +20,7 @@ from neuroflow.backends.cpu_parallel import over_batch
 from neuroflow.backends.reductions import sum_last, sum_rows
 from neuroflow.layout_pass import LayoutOptions
 from neuroflow.operator import MemoryDeclaration, Operator
+from neuroflow_ops_vision import compiled
 from neuroflow_ops_vision.layout import (
     LAYOUTS,
     SAME_LAYOUT,
@@ -29,6 +33,8 @@ from neuroflow_ops_vision.layout import (
 )
 from neuroflow_ops_vision.windows import Geometry, check_fits, pad_into, pair, pair_text, spatial_index, spatial_shape
 from neuroflow_ops_vision.workspace import Workspace
+
+_KERNELS = "pooling_numba"
 
 
 def _with_spatial(shape: tuple[int, ...], hw: tuple[int, int], layout: str) -> tuple[int, ...]:
@@ -177,6 +183,11 @@ class MaxPool2d(_WindowPool):
             src = self._source(x, out_hw, -np.inf, ws)
             y = self.buffer("y", out_shape, x.dtype)
             argmax = self.buffer("argmax", out_shape, self._index_dtype)
+            kernels = self._compiled(src, y, argmax)
+            if kernels is not None:
+                kernels.max_forward(src, self.geometry, self.activation == "relu", y, argmax)
+                self._in_shape, self._argmax, self._out = tuple(x.shape), argmax, y
+                return y
             better = ws("pool.better", out_shape, bool)
             label = ws("pool.label", out_shape, self._index_dtype)
             taps, index, relu = list(enumerate(self.geometry.taps())), self._index_dtype, self.activation == "relu"
@@ -201,6 +212,12 @@ class MaxPool2d(_WindowPool):
             self._in_shape, self._argmax, self._out = tuple(x.shape), argmax, y
             return y
 
+    def _compiled(self, *maps: Any) -> ModuleType | None:
+        """numba's kernels where they run ``maps``: NHWC numpy maps of one float dtype, C-contiguous; else None."""
+        if self.layout != "NHWC" or not all(m.flags.c_contiguous for m in maps if isinstance(m, np.ndarray)):
+            return None
+        return compiled.kernels(_KERNELS, self.xp, maps[0].dtype)
+
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "dilation": list(self.dilation), "activation": self.activation}
 
@@ -213,6 +230,13 @@ class MaxPool2d(_WindowPool):
             raise RuntimeError(f"{self!r}.backward called before forward")
         check_grad(self, grad_out, self._argmax.shape)
         xp = self.xp
+        kernels = self._compiled(grad_out, self._argmax, self._out)
+        if kernels is not None:
+            hw = spatial_shape(self._in_shape, self.layout)
+            gx = self.buffer("gx", self._in_shape, grad_out.dtype)
+            kernels.max_backward(grad_out, self._argmax, self._out if self.activation == "relu" else None,
+                                 self.geometry, self._tiles_exactly(hw, spatial_shape(grad_out.shape, self.layout)), gx)
+            return gx
         with Workspace(self, "backward") as ws:
             hit = ws("pool.hit", grad_out.shape, bool)
             argmax = self._argmax
