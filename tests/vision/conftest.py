@@ -34,6 +34,8 @@ def on_numpy(run: Callable[[], T]) -> T:
 def _on_path(path: str) -> Iterator[str]:
     if path == "numba" and not HAS_NUMBA:
         pytest.skip("numba is not installed: pip install 'neuroflow-ops-vision[numba]'")
+    if path == "numba":
+        importlib.import_module("numba")  # the kernels that only ride on a loaded numba run too (compiled.RIDERS)
     compiled.use_numba(path == "numba")
     try:
         yield path

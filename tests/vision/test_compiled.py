@@ -29,7 +29,7 @@ PROGRAMS = {
                         "bn = BatchNorm2d(4, activation='relu', layout='NHWC'); x = np.arange(100.0, "
                         "dtype=np.float32).reshape(1, 5, 5, 4) / 100; y = bn.forward(x); bn.backward(y); "
                         "print(float(bn.weight.grad.sum()))"),
-    "pooling_numba": ("import numpy as np; from neuroflow_ops_vision import MaxPool2d; "
+    "pooling_numba": ("import numba, numpy as np; from neuroflow_ops_vision import MaxPool2d; "
                       "op = MaxPool2d(2, layout='NHWC', activation='relu'); x = np.arange(100.0, "
                       "dtype=np.float32).reshape(1, 5, 5, 4) / 100 - 0.5; y = op.forward(x); "
                       "print(float(op.backward(y).sum()))"),
@@ -77,6 +77,7 @@ def test_kernels_that_fail_to_load_are_reported_once_and_numpy_runs(module: str,
                                                                     fresh_kernel_lookup: None) -> None:
     made, what = FALLBACKS[module]
     real = importlib.import_module
+    real("numba")  # loaded, as the kernels that only ride on a loaded numba need (compiled.RIDERS)
 
     def refuse(name: str, *args: Any) -> Any:
         if name.endswith(module):

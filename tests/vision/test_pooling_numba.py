@@ -4,6 +4,9 @@ cannot be had."""
 
 from __future__ import annotations
 
+import importlib
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -15,6 +18,12 @@ from neuroflow_ops_vision import MaxPool2d, compiled
 from .conftest import HAS_NUMBA, on_numpy
 
 pytestmark = pytest.mark.skipif(not HAS_NUMBA, reason="numba is not installed: pip install 'neuroflow-ops-vision[numba]'")
+
+
+@pytest.fixture(autouse=True)
+def numba_loaded() -> None:
+    """The max-pool kernels never load numba themselves (compiled.RIDERS): these tests load it first."""
+    importlib.import_module("numba")
 
 #: (kernel, stride, padding, dilation, ceil_mode): tiling, overlapping, padded, dilated, ragged edges
 GEOMETRIES = [
@@ -117,3 +126,17 @@ def test_a_gradient_in_another_memory_order_takes_the_numpy_code(rng: np.random.
     gy = np.asfortranarray(rng.standard_normal((2, 4, 4, 4)))
     want = on_numpy(lambda: step(MaxPool2d(2, layout="NHWC", activation="relu"), x, gy))
     assert_same(step(MaxPool2d(2, layout="NHWC", activation="relu"), x, gy), want)
+
+
+def test_a_max_pool_alone_does_not_load_numba() -> None:
+    """numba costs ~110 MB of RSS; a model of convolutions and max pools runs its pools on numpy rather than load it,
+    and gets the numpy code's results."""
+    code = ("import sys, numpy as np; from neuroflow_ops_vision import MaxPool2d; "
+            "x = np.random.default_rng(0).standard_normal((2, 6, 6, 3)).astype(np.float32); "
+            "pool = MaxPool2d(2, layout='NHWC', activation='relu'); y = pool.forward(x); gx = pool.backward(y); "
+            "print('numba' in sys.modules, float(gx.sum()))")
+    alone = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert alone[0] == "False"
+    loaded = subprocess.run([sys.executable, "-c", "import numba; " + code], capture_output=True, text=True,
+                            check=True).stdout.split()
+    assert loaded == ["True", alone[1]]

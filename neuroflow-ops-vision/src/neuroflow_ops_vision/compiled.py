@@ -13,6 +13,11 @@ at each call; the answer is worked out once per module and dtype:
   naming the error, then None from then on.
 
 numba is imported by the first call that wants it, never by ``import neuroflow``.
+Loading it costs about 110 MB of RSS (numba, then LLVM for the cached kernels),
+which the depthwise convolutions and batch normalisations repay; a max pool's
+kernels alone do not (the small CNN of ``benchmarks/cnn.py``: 13 % of its step
+against an RSS rise of 146 MB instead of 34), so :data:`RIDERS` run only where
+numba is already in the process.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from types import ModuleType
@@ -32,6 +38,10 @@ _wanted = os.environ.get("NEUROFLOW_NUMBA", "1").strip().lower() not in ("0", "f
 #: what each kernel module computes, for the warnings: "<what> run on numpy alone: ..."
 _WHAT = {"conv_depthwise_numba": "depthwise convolutions", "batchnorm_numba": "batch normalisations",
          "pooling_numba": "max poolings"}
+
+
+#: kernel modules that never load numba themselves: they run once something else has imported it
+RIDERS = frozenset({"pooling_numba"})
 
 
 def use_numba(flag: bool) -> None:
@@ -79,8 +89,10 @@ def _ready(module: str, dtype: str) -> ModuleType | None:
 
 def kernels(module: str, xp: Any, dtype: Any) -> ModuleType | None:
     """The kernels of ``module`` when they run arrays of ``dtype`` on ``xp``: numpy, float32 or float64, numba
-    installed and wanted; else None."""
+    installed and wanted (and, for :data:`RIDERS`, already imported); else None."""
     if not _wanted or xp is not np or np.dtype(dtype) not in (np.float32, np.float64):
+        return None
+    if module in RIDERS and "numba" not in sys.modules:
         return None
     return _ready(module, np.dtype(dtype).str)
 
