@@ -39,10 +39,12 @@ import numpy as np
 from neuroflow.backends.cpu import openblas_threads
 
 #: Elements of work (summed over the arrays an op reads and writes) below which it runs on the calling thread.
-#: Measured (``multiply`` of two float32 arrays, 2 threads, a 2-core EPYC under load 8): split 45 µs vs 15 µs
-#: inline at 128k elements, parity near 1M; a hand-off costs ~15 µs even at 32k. The ops this serves split
-#: maps of millions of elements of work (the detector's 48×48 stage: 1.2M elements per array).
-MIN_PARALLEL = 1 << 18
+#: Measured (``multiply`` of two float32 arrays, 2 threads): on a 2-core EPYC under load 8, split 45 µs vs 15 µs
+#: inline at 128k elements, parity near 1M; on a quiet 2-core Xeon (AVX-512), split 122 µs vs 94 inline at 786k
+#: elements of work, 209 vs 227 at 1.6M. A hand-off costs ~10-15 µs even at 32k. At 2^18 the detector's batch-1
+#: prediction took 2.56-2.60 ms, at 2^20 2.21-2.25 (training steps of the detector and the small CNN unchanged):
+#: the ops this serves split maps of millions of elements of work.
+MIN_PARALLEL = 1 << 20
 #: Chunks per thread: taken in turn, so a descheduled thread (on a loaded machine) delays one small chunk.
 CHUNKS_PER_THREAD = 4
 #: Bytes of output a body should touch per inner block so its passes stay in the core's L2 cache.
