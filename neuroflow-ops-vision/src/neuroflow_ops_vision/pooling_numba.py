@@ -97,7 +97,10 @@ def gradient_rows(g: Any, argmax: Any, y: Any, relu: bool, kernel: Any, stride: 
 
 
 def _geometry(geo: Geometry) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    return tuple(np.array(pair, np.int64) for pair in (geo.kernel, geo.stride, geo.padding, geo.dilation))  # type: ignore[return-value]
+    """Kernel, stride, padding and dilation as the (2,) int64 arrays the kernels index."""
+    kernel, stride, padding, dilation = (np.array(pair, np.int64) for pair in (geo.kernel, geo.stride, geo.padding,
+                                                                                geo.dilation))
+    return kernel, stride, padding, dilation
 
 
 def max_forward(x: np.ndarray, geo: Geometry, relu: bool, y: np.ndarray, argmax: np.ndarray) -> None:
