@@ -243,6 +243,7 @@ def test_doctor_reports_versions_backends_and_data(capsys):
     assert re.search(rf"^  numpy +{re.escape(np.__version__)}$", out, re.M)  # the column widens with the settings shown
     assert re.search(rf"^  neuroflow +{re.escape(neuroflow.__version__)} ", out, re.M)
     assert "pluggy" in out and "cpu count" in out and "platform" in out
+    assert re.search(r"^  numba +(\d+\.\d+|not installed)", out, re.M)  # the vision ops' compiled loops
     assert any(line.split()[:3] == ["cpu:0", "neuroflow-core", "0.1.0"] and "available" in line
                for line in out.splitlines())
     assert any(line.split()[:1] == ["mnist"] for line in out.splitlines())

@@ -42,8 +42,9 @@ def _environment() -> list[list[str]]:
         ["platform", platform.platform()],
         ["cpu count", str(os.cpu_count())],
         ["neuroflow", f"{neuroflow.__version__} (neuroflow-core {_version('neuroflow-core')})"],
-        *([name, _version(name)] for name in ("numpy", "pluggy", "tqdm", "safetensors")),
-        *([var, os.environ[var]] for var in ("NEUROFLOW_BACKEND", "NEUROFLOW_ALLOCATOR", "NEUROFLOW_DATA",
+        # numba: the vision ops' compiled loops (neuroflow-ops-vision[numba]); NEUROFLOW_NUMBA=0 turns them off
+        *([name, _version(name)] for name in ("numpy", "pluggy", "tqdm", "safetensors", "numba")),
+        *([var, os.environ[var]] for var in ("NEUROFLOW_BACKEND", "NEUROFLOW_ALLOCATOR", "NEUROFLOW_DATA", "NEUROFLOW_NUMBA",
                                              "NEUROFLOW_DISABLE_PLUGIN_AUTOLOAD", "NEUROFLOW_CACHE_DIR",
                                              qualification.TIMEOUT_VAR, "NEUROFLOW_OPENCL_VECTOR_BYTES",
                                              "OCL_ICD_VENDORS", "CUDA_VISIBLE_DEVICES") if var in os.environ),
