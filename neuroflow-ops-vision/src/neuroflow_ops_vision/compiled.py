@@ -13,8 +13,9 @@ at each call; the answer is worked out once per module and dtype:
   naming the error, then None from then on.
 
 numba is imported by the first call that wants it, never by ``import neuroflow``.
-Loading it costs about 110 MB of RSS (numba, then LLVM for the cached kernels),
-which the depthwise convolutions and batch normalisations repay; a max pool's
+Loading it costs about 118 MB of RSS once (measured: ``import numba`` 64 MB, LLVM
+set up for the first cached kernels 53), which the depthwise convolutions and
+batch normalisations repay; a max pool's
 kernels alone do not (the small CNN of ``benchmarks/cnn.py``: 13 % of its step
 against an RSS rise of 146 MB instead of 34), so :data:`RIDERS` run only where
 numba is already in the process.

@@ -4,9 +4,10 @@ Max and average pooling loop over the kernel's taps, each a strided slice of
 the map. Max pooling records the winning tap per output in one byte (the
 first maximum wins ties, as in PyTorch) so backward needs neither the input
 nor the output; gradients go back by a strided assignment when windows tile
-the map exactly, by clipped strided adds otherwise. On NHWC numpy maps with
-numba installed, max pooling runs compiled loops instead
-(:mod:`neuroflow_ops_vision.pooling_numba`): one pass each way, same results.
+the map exactly, by clipped strided adds otherwise. On NHWC numpy maps, once
+numba is loaded (by another op or the user: max pools never load it, see
+:data:`neuroflow_ops_vision.compiled.RIDERS`), max pooling runs compiled loops
+instead (:mod:`neuroflow_ops_vision.pooling_numba`): one pass each way, same results.
 """
 
 from __future__ import annotations
