@@ -9,12 +9,20 @@ from typing import TypeVar
 import numpy as np
 import pytest
 
+from neuroflow.backends import cpu_parallel
 from neuroflow_ops_vision import compiled
 
 
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
+
+
+@pytest.fixture
+def every_size_splits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pass and kernel call handed to ``cpu_parallel`` splits between its threads, however small: the tests
+    that compare thread counts need the split path whatever their arrays' size."""
+    monkeypatch.setattr(cpu_parallel, "MIN_PARALLEL", 0)
 
 
 T = TypeVar("T")
@@ -32,9 +40,9 @@ def on_numpy(run: Callable[[], T]) -> T:
 
 
 def _on_path(path: str) -> Iterator[str]:
-    if path == "numba" and not HAS_NUMBA:
-        pytest.skip("numba is not installed: pip install 'neuroflow-ops-vision[numba]'")
     if path == "numba":
+        if not HAS_NUMBA:
+            pytest.skip("numba is not installed: pip install 'neuroflow-ops-vision[numba]'")
         importlib.import_module("numba")  # the kernels that only ride on a loaded numba run too (compiled.RIDERS)
     compiled.use_numba(path == "numba")
     try:

@@ -72,8 +72,7 @@ def test_float32_statistics_keep_their_digits(rng: np.random.Generator) -> None:
         assert err < 2e-6, (name, err)
 
 
-def test_results_do_not_depend_on_the_thread_count(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_parallel, "MIN_PARALLEL", 0)  # every kernel call splits, whatever its size
+def test_results_do_not_depend_on_the_thread_count(rng: np.random.Generator, every_size_splits: None) -> None:
     x = rng.standard_normal((8, 20, 20, 16)).astype(np.float32)
     gy = rng.standard_normal(x.shape).astype(np.float32)
     results = []

@@ -102,8 +102,7 @@ def test_float32_agrees_with_the_numpy_code(geometry: dict[str, Any], rng: np.ra
 
 
 @needs_numba
-def test_results_do_not_depend_on_the_thread_count(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_parallel, "MIN_PARALLEL", 0)  # every kernel call splits, whatever its size
+def test_results_do_not_depend_on_the_thread_count(rng: np.random.Generator, every_size_splits: None) -> None:
     op = DepthwiseConv2d(32, 3, stride=2, padding=1, layout="NHWC")
     x = rng.standard_normal((9, 40, 40, 32)).astype(np.float32)  # enough work to split between threads
     gy = rng.standard_normal(op.forward(x).shape).astype(np.float32)

@@ -53,8 +53,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_split_over_threads_equals_inline(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_parallel, "MIN_PARALLEL", 0)  # every pass splits at 2 threads, whatever its size
+def test_split_over_threads_equals_inline(name: str, every_size_splits: None) -> None:
     factory, shape = CASES[name]
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     inline = _run(_seeded(factory), x, 1)
@@ -68,9 +67,8 @@ SMALL = {"depthwise_s2_m2": (3, 7, 7, 16), "batchnorm_relu_nhwc": (3, 5, 5, 32),
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
-def test_gradcheck_on_the_split_path(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gradcheck_on_the_split_path(name: str, monkeypatch: pytest.MonkeyPatch, every_size_splits: None) -> None:
     # every size takes the threaded path here, small enough for a float64 gradient check
-    monkeypatch.setattr(cpu_parallel, "MIN_PARALLEL", 0)
     monkeypatch.setattr(cpu_parallel, "CACHE_BLOCK_BYTES", 64)  # several cache blocks per chunk as well
     cpu_parallel.set_threads(2)
     try:

@@ -25,6 +25,7 @@ def numba_loaded() -> None:
     """The max-pool kernels never load numba themselves (compiled.RIDERS): these tests load it first."""
     importlib.import_module("numba")
 
+
 #: (kernel, stride, padding, dilation, ceil_mode): tiling, overlapping, padded, dilated, ragged edges
 GEOMETRIES = [
     (2, 2, 0, 1, False),
@@ -89,8 +90,9 @@ def test_a_kernel_of_more_than_255_taps_keeps_its_taps_in_int32(rng: np.random.G
     np.testing.assert_array_equal(got[1].reshape(2, 3), win)
 
 
-def test_the_kernels_run_in_an_nhwc_training_step(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator) -> None:
-    """Both kernels are called by an NHWC step (and the numpy passes are not); an NCHW pool runs numpy."""
+def test_the_kernels_run_an_nhwc_forward_and_backward(monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator) -> None:
+    """Both kernels are called by an NHWC forward and backward (and the numpy passes are not); an NCHW pool runs
+    numpy."""
     kernels = compiled.kernels("pooling_numba", np, np.float32)  # compiled now: its warm-up calls are not counted
     assert kernels is not None
     called: list[str] = []
@@ -107,8 +109,7 @@ def test_the_kernels_run_in_an_nhwc_training_step(monkeypatch: pytest.MonkeyPatc
     assert called == ["max_forward", "max_backward"]
 
 
-def test_results_do_not_depend_on_the_thread_count(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_parallel, "MIN_PARALLEL", 0)  # every kernel call splits, whatever its size
+def test_results_do_not_depend_on_the_thread_count(rng: np.random.Generator, every_size_splits: None) -> None:
     x = hostile((9, 20, 20, 16), np.float32, rng)
     gy = rng.standard_normal((9, 11, 11, 16)).astype(np.float32)
     results = []
@@ -122,7 +123,11 @@ def test_results_do_not_depend_on_the_thread_count(rng: np.random.Generator, mon
         assert_same(other, results[0])
 
 
-def test_a_gradient_in_another_memory_order_takes_the_numpy_code(rng: np.random.Generator) -> None:
+def test_a_gradient_in_another_memory_order_takes_the_numpy_code(monkeypatch: pytest.MonkeyPatch,
+                                                                 rng: np.random.Generator) -> None:
+    kernels = compiled.kernels("pooling_numba", np, np.float64)
+    assert kernels is not None
+    monkeypatch.setattr(kernels, "max_backward", lambda *a: pytest.fail("the kernel got a Fortran-ordered gradient"))
     x = rng.standard_normal((2, 8, 8, 4))
     gy = np.asfortranarray(rng.standard_normal((2, 4, 4, 4)))
     want = on_numpy(lambda: step(MaxPool2d(2, layout="NHWC", activation="relu"), x, gy))

@@ -1,7 +1,7 @@
 """numba's compiled kernels for the vision ops: whether they run, loading them on first use, readiness per dtype.
 
-A kernel module (``conv_depthwise_numba``, ``batchnorm_numba``, ``pooling_numba``) imports numba
-and defines ``ready(dtype)``, which compiles or loads its kernels for C-contiguous
+A kernel module (``conv_depthwise_numba``, ``batchnorm_numba``, ``pooling_numba``)
+imports numba and defines ``ready(dtype)``, which compiles or loads its kernels for C-contiguous
 arrays of that dtype (with :func:`heal_cache`). The ops ask :func:`kernels`
 at each call; the answer is worked out once per module and dtype:
 
@@ -15,10 +15,9 @@ at each call; the answer is worked out once per module and dtype:
 numba is imported by the first call that wants it, never by ``import neuroflow``.
 Loading it costs about 118 MB of RSS once (measured: ``import numba`` 64 MB, LLVM
 set up for the first cached kernels 53), which the depthwise convolutions and
-batch normalisations repay; a max pool's
-kernels alone do not (the small CNN of ``benchmarks/cnn.py``: 13 % of its step
-against an RSS rise of 146 MB instead of 34), so :data:`RIDERS` run only where
-numba is already in the process.
+batch normalisations repay; a max pool's kernels alone do not (the small CNN of
+``benchmarks/cnn.py``: 13 % of its step against an RSS rise of 146 MB instead
+of 34), so :data:`RIDERS` run only where numba is already in the process.
 """
 
 from __future__ import annotations

@@ -177,41 +177,44 @@ class MaxPool2d(_WindowPool):
 
     def forward(self, x: Any) -> Any:
         check_feature_map(self, x, None, self.layout)
-        xp = self.xp
         out_shape = self._out_shape(tuple(x.shape))
-        out_hw = spatial_shape(out_shape, self.layout)
         with Workspace(self, "forward") as ws:
-            src = self._source(x, out_hw, -np.inf, ws)
+            src = self._source(x, spatial_shape(out_shape, self.layout), -np.inf, ws)
             y = self.buffer("y", out_shape, x.dtype)
             argmax = self.buffer("argmax", out_shape, self._index_dtype)
             kernels = self._compiled(src, y, argmax)
             if kernels is not None:
                 kernels.max_forward(src, self.geometry, self.activation == "relu", y, argmax)
-                self._in_shape, self._argmax, self._out = tuple(x.shape), argmax, y
-                return y
-            better = ws("pool.better", out_shape, bool)
-            label = ws("pool.label", out_shape, self._index_dtype)
-            taps, index, relu = list(enumerate(self.geometry.taps())), self._index_dtype, self.activation == "relu"
-
-            def run(lo: int, hi: int) -> None:
-                ys, am, bt, lb = y[lo:hi], argmax[lo:hi], better[lo:hi], label[lo:hi]
-                for t, (i, j) in taps:
-                    window = self._tap(src[lo:hi], i, j, out_hw)
-                    if t == 0:
-                        xp.copyto(ys, window)
-                        am[...] = 0
-                        continue
-                    # argmax = max(argmax, t·[window > y]): a strictly larger value moves the index to the later tap
-                    xp.greater(window, ys, out=bt)
-                    xp.maximum(ys, window, out=ys)
-                    xp.multiply(bt, index(t), out=lb)
-                    xp.maximum(am, lb, out=am)
-                if relu:
-                    xp.maximum(ys, 0, out=ys)
-
-            over_batch(xp, y.shape[0], run, y.size * 5 * len(taps))
+            else:
+                self._max_on_numpy(src, y, argmax, ws)
             self._in_shape, self._argmax, self._out = tuple(x.shape), argmax, y
             return y
+
+    def _max_on_numpy(self, src: Any, y: Any, argmax: Any, ws: Workspace) -> None:
+        """``y`` and ``argmax`` from the (padded) map ``src``, tap by tap over slices of it, the batch split between
+        the cores."""
+        xp, out_hw = self.xp, spatial_shape(y.shape, self.layout)
+        better = ws("pool.better", y.shape, bool)
+        label = ws("pool.label", y.shape, self._index_dtype)
+        taps, index, relu = list(enumerate(self.geometry.taps())), self._index_dtype, self.activation == "relu"
+
+        def run(lo: int, hi: int) -> None:
+            ys, am, bt, lb = y[lo:hi], argmax[lo:hi], better[lo:hi], label[lo:hi]
+            for t, (i, j) in taps:
+                window = self._tap(src[lo:hi], i, j, out_hw)
+                if t == 0:
+                    xp.copyto(ys, window)
+                    am[...] = 0
+                    continue
+                # argmax = max(argmax, t·[window > y]): a strictly larger value moves the index to the later tap
+                xp.greater(window, ys, out=bt)
+                xp.maximum(ys, window, out=ys)
+                xp.multiply(bt, index(t), out=lb)
+                xp.maximum(am, lb, out=am)
+            if relu:
+                xp.maximum(ys, 0, out=ys)
+
+        over_batch(xp, y.shape[0], run, y.size * 5 * len(taps))
 
     def _compiled(self, *maps: Any) -> ModuleType | None:
         """numba's kernels where they run ``maps``: NHWC numpy maps of one float dtype, C-contiguous; else None."""

@@ -18,6 +18,7 @@ Importing this module imports numba; MaxPool2d imports it at its first NHWC call
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numba
@@ -96,6 +97,7 @@ def gradient_rows(g: Any, argmax: Any, y: Any, relu: bool, kernel: Any, stride: 
                             target[k] += v
 
 
+@functools.cache  # once per sweep, not per step; the kernels only read them
 def _geometry(geo: Geometry) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Kernel, stride, padding and dilation as the (2,) int64 arrays the kernels index."""
     kernel, stride, padding, dilation = (np.array(pair, np.int64) for pair in (geo.kernel, geo.stride, geo.padding,
