@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from neuroflow.backends import blas_threads
 from neuroflow_ops_vision.windows import Geometry, im2col, pad_into
 from neuroflow_ops_vision.workspace import Workspace
 
@@ -68,7 +69,7 @@ def forward(ws: Workspace, x: Any, wmat: Any, y: Any, geo: Geometry, groups: int
         cols = columns(ws, x[n0:n0 + chunk], geo, out_hw, groups, keep)
         ys = y[n0:n0 + chunk].reshape(-1, o)
         for g in range(groups):
-            xp.matmul(cols[:, g], wmat[g * og:(g + 1) * og].reshape(og, -1).T, out=ys[:, g * og:(g + 1) * og])
+            blas_threads.matmul(xp, cols[:, g], wmat[g * og:(g + 1) * og].reshape(og, -1).T, out=ys[:, g * og:(g + 1) * og])
     return cols if keep is not None else None
 
 
@@ -110,7 +111,7 @@ def backward(ws: Workspace, x: Any, grad: Any, weight_matrix: Callable[[Workspac
                 for g in range(groups):
                     target = gw[g * og:(g + 1) * og]
                     part = wws("conv.gw_part", (og, target[0].size), target.dtype)
-                    xp.matmul(gs[:, g * og:(g + 1) * og].T, cols[:, g], out=part)
+                    blas_threads.matmul(xp, gs[:, g * og:(g + 1) * og].T, cols[:, g], out=part)
                     if k == 0:
                         xp.copyto(target, part.reshape(target.shape))
                     else:
@@ -152,9 +153,9 @@ def _from_gradient_columns(ws: Workspace, x: Any, grad: Any, weight_gradient: Ca
             gx2 = gx[n0:n0 + step].reshape(-1, c)
             x2 = x[n0:n0 + step].reshape(-1, c)
             for g in range(groups):
-                xp.matmul(cols[:, g], flipped[g], out=gx2[:, g * cg:(g + 1) * cg])
+                blas_threads.matmul(xp, cols[:, g], flipped[g], out=gx2[:, g * cg:(g + 1) * cg])
                 if weight_gradient is not None:  # this group's kernel is done: its weight gradient goes over it
-                    xp.matmul(cols[:, g].T, x2[:, g * cg:(g + 1) * cg], out=flipped[g])
+                    blas_threads.matmul(xp, cols[:, g].T, x2[:, g * cg:(g + 1) * cg], out=flipped[g])
             if weight_gradient is None:
                 continue
             if gw is None:
@@ -252,4 +253,4 @@ def _tap_product(xp: Any, gs: Any, wmat: Any, tap: tuple[int, int], groups: int,
     """out (rows, C) = gs (rows, O) times the weight of one tap, group by group."""
     i, j = tap
     for g in range(groups):
-        xp.matmul(gs[:, g * og:(g + 1) * og], wmat[g * og:(g + 1) * og, i, j, :], out=out[:, g * cg:(g + 1) * cg])
+        blas_threads.matmul(xp, gs[:, g * og:(g + 1) * og], wmat[g * og:(g + 1) * og, i, j, :], out=out[:, g * cg:(g + 1) * cg])

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from neuroflow.backends import blas_threads
 from neuroflow.errors import ShapeError
 from neuroflow.layout_pass import LayoutOptions
 from neuroflow.operator import MemoryDeclaration, Operator
@@ -134,13 +135,13 @@ class Upsample(Operator):
             if self.layout == "NHWC":
                 c = x.shape[3]
                 t = ws("upsample.t", (n, out_hw[0], hw[1] * c), x.dtype)
-                xp.matmul(ah, x.reshape(n, hw[0], -1), out=t)
-                xp.matmul(aw, t.reshape(n * out_hw[0], hw[1], c), out=y.reshape(n * out_hw[0], out_hw[1], c))
+                blas_threads.matmul(xp, ah, x.reshape(n, hw[0], -1), out=t)
+                blas_threads.matmul(xp, aw, t.reshape(n * out_hw[0], hw[1], c), out=y.reshape(n * out_hw[0], out_hw[1], c))
             else:
                 nc = n * x.shape[1]
                 t = ws("upsample.t", (nc, out_hw[0], hw[1]), x.dtype)
-                xp.matmul(ah, x.reshape(nc, hw[0], hw[1]), out=t)
-                xp.matmul(t, aw.T, out=y.reshape(nc, out_hw[0], out_hw[1]))
+                blas_threads.matmul(xp, ah, x.reshape(nc, hw[0], hw[1]), out=t)
+                blas_threads.matmul(xp, t, aw.T, out=y.reshape(nc, out_hw[0], out_hw[1]))
         return y
 
     def backward(self, grad_out: Any) -> Any:
@@ -162,13 +163,13 @@ class Upsample(Operator):
             if self.layout == "NHWC":
                 c = shape[3]
                 t = ws("upsample.gt", (n * out_hw[0], hw[1], c), grad_out.dtype)
-                xp.matmul(aw.T, grad_out.reshape(n * out_hw[0], out_hw[1], c), out=t)
-                xp.matmul(ah.T, t.reshape(n, out_hw[0], hw[1] * c), out=gx.reshape(n, hw[0], -1))
+                blas_threads.matmul(xp, aw.T, grad_out.reshape(n * out_hw[0], out_hw[1], c), out=t)
+                blas_threads.matmul(xp, ah.T, t.reshape(n, out_hw[0], hw[1] * c), out=gx.reshape(n, hw[0], -1))
             else:
                 nc = n * shape[1]
                 t = ws("upsample.gt", (nc, out_hw[0], hw[1]), grad_out.dtype)
-                xp.matmul(grad_out.reshape(nc, out_hw[0], out_hw[1]), aw, out=t)
-                xp.matmul(ah.T, t, out=gx.reshape(nc, hw[0], hw[1]))
+                blas_threads.matmul(xp, grad_out.reshape(nc, out_hw[0], out_hw[1]), aw, out=t)
+                blas_threads.matmul(xp, ah.T, t, out=gx.reshape(nc, hw[0], hw[1]))
         return gx
 
     def _blocks(self, a: Any, hw: tuple[int, int], factor: tuple[int, int]) -> Any:

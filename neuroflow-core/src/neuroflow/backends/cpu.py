@@ -17,6 +17,8 @@ _CORENAME_SYMBOLS = ("scipy_openblas_get_corename64_", "scipy_openblas_get_coren
                      "openblas_get_corename")
 _THREADS_SYMBOLS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads", "openblas_get_num_threads64_",
                     "openblas_get_num_threads")
+_SET_THREADS_SYMBOLS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                        "openblas_set_num_threads64_", "openblas_set_num_threads")
 _TIMEOUT_SYMBOLS = ("openblas_thread_timeout",)
 
 
@@ -33,7 +35,7 @@ def _openblas() -> ctypes.CDLL | None:
 
 
 @functools.cache
-def _function(symbols: tuple[str, ...], restype: Any) -> Callable[[], Any] | None:
+def _function(symbols: tuple[str, ...], restype: Any) -> Callable[..., Any] | None:
     """The first of ``symbols`` numpy's OpenBLAS exports, returning ``restype``; None for another BLAS."""
     library = _openblas()
     for symbol in symbols if library is not None else ():
@@ -48,6 +50,16 @@ def openblas_threads() -> int | None:
     """The threads numpy's OpenBLAS uses now (its variables, ``threadpoolctl`` limits), or None for another BLAS."""
     function = _function(_THREADS_SYMBOLS, ctypes.c_int)
     return None if function is None else int(function())
+
+
+def set_openblas_threads(count: int) -> bool:
+    """Make numpy's OpenBLAS use ``count`` threads from its next call on (process-wide, as ``threadpoolctl`` does);
+    False for another BLAS, which is left alone."""
+    function = _function(_SET_THREADS_SYMBOLS, None)
+    if function is None:
+        return False
+    function(ctypes.c_int(count))
+    return True
 
 
 @functools.lru_cache(maxsize=1)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from neuroflow import random
+from neuroflow.backends import blas_threads
 from neuroflow.checkpoint.topology import register_children
 from neuroflow.errors import NeuroFlowError
 from neuroflow.operator import MemoryDeclaration, Operator
@@ -72,11 +73,11 @@ class UpProjection(Operator):
         if self.axis == 1:
             n = z.shape[0]
             y = self.buffer("y", (n, self.out, math.prod(z.shape[2:])), z.dtype)
-            xp.matmul(w, z.reshape(n, self.rank, -1), out=y)
+            blas_threads.matmul(xp, w, z.reshape(n, self.rank, -1), out=y)
             return y.reshape(n, self.out, *z.shape[2:])
         z2 = z.reshape(-1, self.rank)
         y = self.buffer("y", (z2.shape[0], self.out), z.dtype)
-        xp.matmul(z2, w.T, out=y)
+        blas_threads.matmul(xp, z2, w.T, out=y)
         return y.reshape(*z.shape[:-1], self.out)
 
     def backward(self, grad_out: Any) -> Any:
@@ -89,15 +90,15 @@ class UpProjection(Operator):
             n = z.shape[0]
             z3, g3 = z.reshape(n, self.rank, -1), grad_out.reshape(n, self.out, -1)
             per_sample = self.buffer("gw_per_sample", (n, self.out, self.rank), z.dtype)
-            xp.matmul(g3, z3.transpose(0, 2, 1), out=per_sample)
+            blas_threads.matmul(xp, g3, z3.transpose(0, 2, 1), out=per_sample)
             xp.sum(per_sample, axis=0, out=gw)
             gz = self.buffer("gx", z3.shape, z.dtype)
-            xp.matmul(w.T, g3, out=gz)
+            blas_threads.matmul(xp, w.T, g3, out=gz)
         else:
             z2, g2 = z.reshape(-1, self.rank), grad_out.reshape(-1, self.out)
-            xp.matmul(g2.T, z2, out=gw)
+            blas_threads.matmul(xp, g2.T, z2, out=gw)
             gz = self.buffer("gx", z2.shape, z.dtype)
-            xp.matmul(g2, w, out=gz)
+            blas_threads.matmul(xp, g2, w, out=gz)
         self.accumulate_grad(self.weight, gw)
         return gz.reshape(z.shape)
 
@@ -242,7 +243,7 @@ class LoRAAdapter(Operator):
         dtype = np.promote_types(w.dtype, np.float32)
         a = self.lora_A.data.reshape(self.rank, -1).astype(dtype, copy=False)
         b = self.lora_B.data.astype(dtype, copy=False)
-        return (self.xp.matmul(b, a) * dtype.type(self.scaling)).reshape(w.shape)
+        return (blas_threads.matmul(self.xp, b, a) * dtype.type(self.scaling)).reshape(w.shape)
 
     # ------------------------------------------------------------------ computation
     def forward(self, x: Any) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from neuroflow import random
-from neuroflow.backends import kernels
+from neuroflow.backends import blas_threads, kernels
 from neuroflow.backends.reductions import sum_rows, sum_rows_call
 from neuroflow.errors import ShapeError
 from neuroflow.operator import MemoryDeclaration, Operator
@@ -49,7 +49,7 @@ class Linear(Operator):
         if fused is not None:
             fused(x2, self.weight.data, self.bias.data, y)
         else:
-            self.xp.matmul(x2, self.weight.data.T, out=y)
+            blas_threads.matmul(self.xp, x2, self.weight.data.T, out=y)
             if self.has_bias:
                 y += self.bias.data
         object.__setattr__(self, "_x", x2)  # forward state, not a parameter or child: no bookkeeping
@@ -66,7 +66,7 @@ class Linear(Operator):
         gx = None
         if self.needs_input_grad:  # before the weight gradient: a Trainer may apply the update as it arrives
             gx = self.buffer("gx", x2.shape, x2.dtype)
-            xp.matmul(g2, self.weight.data, out=gx)
+            blas_threads.matmul(xp, g2, self.weight.data, out=gx)
         both = self.weight.requires_grad and self.has_bias and self.bias.requires_grad
         fused = self.fused(kernels.LINEAR_WEIGHT_GRAD.name, g2) if both else None
         if fused is not None:
@@ -85,7 +85,7 @@ class Linear(Operator):
     def _weight_and_bias_grads(self, xp: Any, g2: Any, x2: Any) -> None:
         if self.weight.requires_grad:
             gw, add = self.grad_target(self.weight, "gw")
-            xp.matmul(g2.T, x2, out=gw)
+            blas_threads.matmul(xp, g2.T, x2, out=gw)
             if add:
                 self.accumulate_grad(self.weight, gw)
         if self.has_bias and self.bias.requires_grad:
@@ -97,7 +97,7 @@ class Linear(Operator):
     def replay_forward(self, x: Any, y: Any) -> list[Any] | None:
         if self.xp is not np or x.ndim != 2 or (self.has_bias and self.fused(kernels.LINEAR.name, x) is not None):
             return None
-        calls = [functools.partial(np.matmul, x, self.weight.data.T, out=y)]
+        calls = [functools.partial(blas_threads.matmul, np, x, self.weight.data.T, out=y)]
         if self.has_bias:
             calls.append(functools.partial(np.add, y, self.bias.data, out=y))
         return calls
@@ -113,8 +113,8 @@ class Linear(Operator):
             return None
         calls: list[Any] = []
         if grad_in is not None:
-            calls.append(functools.partial(np.matmul, grad_out, self.weight.data, out=grad_in))
-        calls.append(functools.partial(np.matmul, grad_out.T, x2, out=self.weight.grad))
+            calls.append(functools.partial(blas_threads.matmul, np, grad_out, self.weight.data, out=grad_in))
+        calls.append(functools.partial(blas_threads.matmul, np, grad_out.T, x2, out=self.weight.grad))
         if self.has_bias:
             calls.append(sum_rows_call(np, grad_out, out=self.bias.grad))
         return calls
