@@ -43,8 +43,12 @@ from neuroflow.backends.cpu import openblas_threads
 #: inline at 128k elements, parity near 1M; on a quiet 2-core Xeon (AVX-512), split 122 µs vs 94 inline at 786k
 #: elements of work, 209 vs 227 at 1.6M. A hand-off costs ~10-15 µs even at 32k. At 2^18 the detector's batch-1
 #: prediction took 2.56-2.60 ms, at 2^20 2.21-2.25 (training steps of the detector and the small CNN unchanged):
-#: the ops this serves split maps of millions of elements of work.
-MIN_PARALLEL = 1 << 20
+#: the ops this serves split maps of millions of elements of work. Inside a model the worker has usually fallen
+#: asleep since its last chunk, and waking it costs more than back to back: with small products on one BLAS
+#: thread (:mod:`neuroflow.backends.blas_threads`), the detector's batch-1 forward took 1.92-2.03 ms at 2^20 and
+#: 1.79-1.87 at 2^21 (its 48×48×32 depthwise pass, 1.3 M of work, 0.14 ms inline, 0.20 split); the detector's
+#: batch-16 step and the small CNN's step measured the same within noise.
+MIN_PARALLEL = 1 << 21
 #: Chunks per thread: taken in turn, so a descheduled thread (on a loaded machine) delays one small chunk.
 CHUNKS_PER_THREAD = 4
 #: Bytes of output a body should touch per inner block so its passes stay in the core's L2 cache.
