@@ -14,6 +14,9 @@ state dict by name. Three measurements, each NeuroFlow against PyTorch:
 - **inference, batch 1 and batch 16**: decoded boxes (B, 432, 15) from a batch of canvases, the model in
   eval mode. NeuroFlow: ``trainer.predict(x)`` (forward and ``DetectionLoss.predictions``, the YOLOv5
   decode); PyTorch: ``twin(x)`` and the same decode in torch, under ``torch.inference_mode()``.
+- **frames**: the batch-1 prediction as a camera feeds it, one image every 1/``--fps`` s (default 30):
+  the latency of each prediction after the idle gap, median and 90th percentile. The contenders take turns
+  by blocks of frames, so none runs right after another's prediction.
 
 The batch: 16 random canvases with 1–5 boxes of 8–36 px a side each (random classes), padded to 5 rows; timing is
 not sensitive to the pixels. Every contender of a measurement runs in one process per thread count,
@@ -24,6 +27,7 @@ step of each contender alone in its own process, with its peak RSS rise over set
     .venv/bin/python benchmarks/detector.py --separate-processes  # + peak RSS rise of a training step
     .venv/bin/python benchmarks/detector.py --keep-maps           # NeuroFlow keeping every map to backward
     .venv/bin/python benchmarks/detector.py --measurements train --separate-processes --warm-process  # RSS, code out
+    .venv/bin/python benchmarks/detector.py --measurements frames --fps 10  # a slower camera
     .venv/bin/python benchmarks/detector.py --quick               # smoke test: not a measurement
 """
 
@@ -39,6 +43,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +62,8 @@ KEEP_MAPS = False
 #: measurement key -> (row label, batch, training)
 MEASUREMENTS = {"train": ("train step, batch 16", BATCH, True), "infer1": ("inference, batch 1", 1, False),
                 "infer16": ("inference, batch 16", BATCH, False)}
+#: the measurement of one image at a time with idle gaps between (timed by :func:`frame_latencies`, not the harness)
+FRAMES = "frames"
 
 
 def batch_data(n: int = BATCH) -> tuple[np.ndarray, np.ndarray]:
@@ -180,13 +187,55 @@ def contenders() -> list[str]:
 # ---------------------------------------------------------------------------------------------- children
 def one_process_child(args: argparse.Namespace) -> None:
     """Every measurement's contenders in this process, timed interleaved; one JSON line."""
-    steppers = {key: {name: stepper(name, key) for name in contenders()} for key in args.measurements}
+    keys = [key for key in args.measurements if key != FRAMES]
+    steppers = {key: {name: stepper(name, key) for name in contenders()} for key in keys}
     # a batch-1 prediction takes a few ms: its blocks take the images of a batch-16 block (16× the steps), so
     # that the wake-up after each pause is as small a part of them as of the others
-    multiples = {key: BATCH // MEASUREMENTS[key][1] for key in args.measurements}
+    multiples = {key: BATCH // MEASUREMENTS[key][1] for key in keys}
     results, threads = harness.measure_in_child(steppers, args, functools.partial(harness.first_values_agree,
                                                                                  what="first value"), multiples)
-    harness.print_child_line({"measurements": results}, threads)
+    payload: dict[str, Any] = {"measurements": results}
+    if FRAMES in args.measurements:
+        payload[FRAMES] = frame_latencies({name: stepper(name, "infer1") for name in contenders()}, args.fps,
+                                          args.repeats, args.frames_per_block, args.warmup)
+    harness.print_child_line(payload, threads)
+
+
+def frame_latencies(steppers: dict[str, Callable[[], float]], fps: float, rounds: int, frames: int,
+                    warmup: int) -> dict[str, Any]:
+    """Seconds of each batch-1 prediction made 1/``fps`` s after the previous one ended: ``rounds`` rounds in
+    which every contender (in turn, the order rotating) takes a block of ``frames`` frames."""
+    harness.first_values_agree({name: [step() for _ in range(3)] for name, step in steppers.items()}, "first value")
+    for step in steppers.values():
+        for _ in range(warmup):
+            step()
+    names, gap = list(steppers), 1.0 / fps
+    latencies: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            for _ in range(frames):
+                time.sleep(gap)
+                start = time.perf_counter()
+                steppers[name]()
+                latencies[name].append(time.perf_counter() - start)
+    return {"fps": fps, "samples_s": latencies}
+
+
+def frames_table(results: list[dict[str, Any]]) -> str:
+    """Median and 90th-percentile latency of a prediction after the idle gap, and the medians' ratio to PyTorch's."""
+    names = contenders()
+    headers = ["threads", "fps", *(f"{n} median ms" for n in names), *(f"{n} p90 ms" for n in names)]
+    headers += [f"{n}/PyTorch" for n in names if n != TORCH] if TORCH in names else []
+    table = []
+    for result in results:
+        frames = result[FRAMES]
+        samples = {n: np.asarray(frames["samples_s"][n]) * 1e3 for n in names}
+        median = {n: float(np.median(samples[n])) for n in names}
+        cells: list[object] = [result["threads"], f"{frames['fps']:g}", *(f"{median[n]:.2f}" for n in names)]
+        cells += [f"{np.percentile(samples[n], 90):.2f}" for n in names]
+        cells += [f"{median[n] / median[TORCH]:.2f}×" for n in names if n != TORCH] if TORCH in names else []
+        table.append(cells)
+    return harness.markdown_table(headers, table)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -263,8 +312,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, help="untimed steps per contender first (default 3; 0 with --quick)")
     parser.add_argument("--pause", type=float, help=f"seconds idle before each block (default {harness.SPIN_PAUSE_S} "
                                                     "above one thread, 0 at one)")
-    parser.add_argument("--measurements", default=",".join(MEASUREMENTS),
-                        help=f"comma-separated, of {', '.join(MEASUREMENTS)} (default all)")
+    parser.add_argument("--measurements", default=",".join([*MEASUREMENTS, FRAMES]),
+                        help=f"comma-separated, of {', '.join([*MEASUREMENTS, FRAMES])} (default all)")
+    parser.add_argument("--fps", type=float, default=30.0,
+                        help="frames: images per second the camera sends (default 30)")
+    parser.add_argument("--frames-per-block", type=int,
+                        help="frames: predictions per contender's block in a round (default 20; 3 with --quick)")
     parser.add_argument("--separate-processes", action="store_true",
                         help="also time each contender's training step alone in its own process, with peak RSS rise")
     parser.add_argument("--keep-maps", action="store_true",
@@ -278,13 +331,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads-child", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--contender", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    harness.fill_defaults(args, {"repeats": (2, 9), "steps": (1, 3), "warmup": (0, 3)})
-    if args.repeats < 1 or args.steps < 1 or args.warmup < 0:
-        parser.error("--repeats and --steps must be at least 1, --warmup at least 0")
+    harness.fill_defaults(args, {"repeats": (2, 9), "steps": (1, 3), "warmup": (0, 3), "frames_per_block": (3, 20)})
+    if args.repeats < 1 or args.steps < 1 or args.warmup < 0 or args.frames_per_block < 1:
+        parser.error("--repeats, --steps and --frames-per-block must be at least 1, --warmup at least 0")
+    if not 0 < args.fps <= 1000:
+        parser.error(f"--fps must be above 0 and at most 1000; got {args.fps}")
     args.measurements = [k for k in args.measurements.split(",") if k]
-    unknown = [k for k in args.measurements if k not in MEASUREMENTS]
+    unknown = [k for k in args.measurements if k not in MEASUREMENTS and k != FRAMES]
     if unknown or not args.measurements:
-        parser.error(f"unknown --measurements {unknown}; expected some of {list(MEASUREMENTS)}")
+        parser.error(f"unknown --measurements {unknown}; expected some of {[*MEASUREMENTS, FRAMES]}")
     return args
 
 
@@ -301,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     script = os.path.abspath(__file__)
     threads = [int(t) for t in args.threads.split(",")]
     child = ["--repeats", str(args.repeats), "--steps", str(args.steps), "--warmup", str(args.warmup),
-             "--measurements", ",".join(args.measurements)] + ([] if args.pause is None else ["--pause", str(args.pause)])
+             "--measurements", ",".join(args.measurements), "--fps", str(args.fps),
+             "--frames-per-block", str(args.frames_per_block)] + ([] if args.pause is None else ["--pause", str(args.pause)])
     child += ["--keep-maps"] if args.keep_maps else []
     load_before = harness.machine_load()
     results = [harness.one_process_run(script, t, child) for t in threads]
@@ -324,8 +380,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  threads={result['threads']}: {harness.describe_threads(result['thread_report'])}")
     print(f"  code {report['source']}, numpy {results[0]['numpy']}, torch {results[0]['torch']}; load average before "
           f"{load_before}, after {report['load_average_after']}\n")
-    print(report["table"] + "\n\n" + report["throughput"])
+    if rows:
+        print(report["table"] + "\n\n" + report["throughput"])
+    if FRAMES in args.measurements:
+        report["frames_table"] = frames_table(results)
+        print(f"\nInference, batch 1, one image every 1/{args.fps:g} s (a camera): latency of each prediction after the "
+              f"idle gap, {args.repeats} rounds × {args.frames_per_block} frames per contender\n\n{report['frames_table']}")
     line = harness.summary("detector", rows, references, keys=("what", "threads"))
+    if FRAMES in args.measurements:
+        line["frames_median_ms"] = [{n: round(float(np.median(r[FRAMES]["samples_s"][n])) * 1e3, 3) for n in contenders()}
+                                    for r in results]
     if separate:
         report["separate_processes"], report["rss_table"] = separate, rss_table(separate)
         print(f"\nTraining step, each contender alone in its own process: peak RSS rise over setup through the first "

@@ -140,7 +140,7 @@ def test_detector_benchmark_times_training_and_inference_in_one_process():
                 "--warm-process")
     numba = ["NeuroFlow, numpy only"] if importlib.util.find_spec("numba") is not None else []
     names = ["NeuroFlow", *numba, *(["PyTorch"] if HAS_TORCH else [])]
-    ratios, throughput, rss = markdown_tables(done.stdout)
+    ratios, throughput, frames, rss = markdown_tables(done.stdout)
     whats = ["train step, batch 16", "inference, batch 1", "inference, batch 16"]
     assert [(row[0], row[2]) for row in ratios[1:]] == [(what, name) for what in whats for name in names]
     for what in whats:
@@ -149,10 +149,24 @@ def test_detector_benchmark_times_training_and_inference_in_one_process():
                           {n: ("PyTorch" if HAS_TORCH and n != "PyTorch" else None) for n in names})
     assert [row[0] for row in throughput[1:]] == whats
     assert all(float(cell) > 0 for row in throughput[1:] for cell in row[2:2 + len(names)])
+    assert frames[0][:2] == ["threads", "fps"] and frames[1][:2] == ["2", "30"]
+    assert frames[0][2:2 + len(names)] == [f"{n} median ms" for n in names]
+    assert all(float(cell) > 0 for cell in frames[1][2:2 + 2 * len(names)])
     assert rss[0][:2] == ["threads", "NeuroFlow ms"] and f"{names[-1]} RSS rise MB" in rss[0]
     summary = json_line(done.stdout)
     assert summary["benchmark"] == "detector" and [r["what"] for r in summary["results"]] == whats
-    assert set(summary["rss_rise_kb"][0]) == set(names)
+    assert set(summary["rss_rise_kb"][0]) == set(names) and set(summary["frames_median_ms"][0]) == set(names)
+
+
+def test_detector_benchmark_times_frames_alone_and_refuses_a_bad_rate():
+    done = _run("detector.py", "--quick", "--repeats", "1", "--warmup", "0", "--measurements", "frames", "--fps", "50",
+                "--frames-per-block", "2")
+    (frames,) = markdown_tables(done.stdout)
+    assert frames[1][:2] == ["2", "50"]
+    assert json_line(done.stdout)["results"] == []
+    refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "detector.py"), "--fps", "0"],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 2 and "--fps must be above 0" in refused.stderr
 
 
 def test_detector_benchmark_keeps_the_maps_when_asked():
