@@ -92,12 +92,13 @@ def build_neuroflow() -> Any:
 
 def neuroflow_trainer() -> Any:
     import neuroflow as nf
+    from neuroflow_ops_vision import SeparableConv2d
     from neuroflow_ops_vision.detection.loss import DetectionLoss
 
     model = build_neuroflow()
     if KEEP_MAPS:
         for module in model.modules():
-            if isinstance(module, nf.Sequential):
+            if isinstance(module, (nf.Sequential, SeparableConv2d)):
                 module.recompute_outputs = False
     return nf.Trainer(model, DetectionLoss.for_model(model), nf.optim.SGD(lr=LR, momentum=MOMENTUM),
                       batch_size=BATCH, progress=False, seed=0)
@@ -321,8 +322,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--separate-processes", action="store_true",
                         help="also time each contender's training step alone in its own process, with peak RSS rise")
     parser.add_argument("--keep-maps", action="store_true",
-                        help="NeuroFlow keeps every feature map from forward to backward (Sequential.recompute_outputs "
-                             "False): what letting the BatchNorm outputs go costs and saves")
+                        help="NeuroFlow keeps every feature map from forward to backward (recompute_outputs False on "
+                             "the Sequentials and SeparableConv2ds): what letting the maps go costs and saves")
     parser.add_argument("--warm-process", action="store_true",
                         help="with --separate-processes: each worker first takes a training step of its own model at "
                              "batch 2, so the RSS rise leaves out code loaded on first use (numba, PyTorch's set-up)")

@@ -15,8 +15,9 @@ import neuroflow as nf
 from neuroflow import debug, ops
 from neuroflow.composites import Sequential
 from neuroflow.memory.profile import trace_step
-from neuroflow_ops_vision import BatchNorm2d, Conv2d, SeparableConv2d
+from neuroflow_ops_vision import BatchNorm2d, Conv2d, DepthwiseConv2d, SeparableConv2d
 
+from .conftest import HAS_NUMBA, on_numpy
 from .step_memory import measure_steps
 
 
@@ -50,8 +51,9 @@ def batch(n: int = 8) -> tuple[np.ndarray, np.ndarray]:
 
 
 def set_recompute(model: nf.Operator, flag: bool) -> nf.Operator:
+    """The flag on every composite that lets maps go: the Sequentials and the separable convolutions."""
     for module in model.modules():
-        if isinstance(module, Sequential):
+        if isinstance(module, (Sequential, SeparableConv2d)):
             module.recompute_outputs = flag
     return model
 
@@ -87,13 +89,57 @@ def test_the_maps_written_again_die_in_forward_and_the_arena_shrinks() -> None:
     outputs = {id(bn): next(s for s in slots if s.owner is bn and s.key == "y") for bn in norms}
     # the last BatchNorm feeds the global average pool, which keeps no input: its output is its own
     assert [outputs[id(bn)].end < backward_starts for bn in norms] == [True, True, True, False]
+    # inside each separable convolution, the depthwise output, which only the pointwise convolution reads
+    depthwise = [m.depthwise for m in model.modules() if isinstance(m, SeparableConv2d) and HAS_NUMBA]
+    assert all(next(s for s in slots if s.owner is d and s.key == "y").end < backward_starts for d in depthwise)
     again = [s for s in slots if s.key == "recomputed.output"]
-    assert sorted(id(s.owner) for s in again) == sorted(id(bn) for bn in norms[:3])
+    assert sorted(id(s.owner) for s in again) == sorted(id(op) for op in [*norms[:3], *depthwise])
     assert all(s.phase == "backward" for s in again)
 
     sizes = [nf.memory.profile(set_recompute(nhwc_chain(), flag), (8, 3, 16, 16)).arena_bytes for flag in (False, True)]
     # the peak is at the start of backward: one stage-1 map (8×16×16×8 float32) fewer is live there
     assert sizes[0] - sizes[1] >= 8 * 16 * 16 * 8 * 4, sizes
+
+
+def test_a_separable_convolution_alone_writes_its_depthwise_map_again_bit_for_bit() -> None:
+    """On its own under a Trainer (no Sequential around it), with a bias and a stride."""
+    def make() -> nf.Operator:
+        nf.manual_seed(3)
+        return nf.Sequential(SeparableConv2d(3, 6, 3, stride=2, padding=1, layout="NHWC"),
+                             ops.GlobalAvgPool2d(layout="NHWC"), ops.Linear(6, 10))
+
+    def run(flag: bool) -> tuple[list[float], list[np.ndarray]]:
+        x, y = batch()
+        trainer = nf.Trainer(set_recompute(make(), flag), optimizer=nf.optim.SGD(lr=0.05, momentum=0.9),
+                             batch_size=len(x), seed=1, progress=False)
+        losses = [trainer.train_step(x.transpose(0, 2, 3, 1).copy(), y) for _ in range(3)]
+        return losses, [p.data.copy() for p in trainer.model.parameters()]
+
+    kept, again = run(False), run(True)
+    assert kept[0] == again[0]
+    for a, b in zip(kept[1], again[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    slots = trace_step(set_recompute(make(), True), nf.losses.CrossEntropy(), (8, 16, 16, 3))
+    assert [s.phase for s in slots if s.key == "recomputed.output"] == (["backward"] if HAS_NUMBA else [])
+
+
+def test_a_depthwise_map_is_written_again_only_where_it_can_be() -> None:
+    conv = DepthwiseConv2d(4, 3, padding=1, layout="NHWC")
+    with pytest.raises(RuntimeError, match="before forward"):
+        conv.write_output_again()
+    x = np.random.default_rng(0).standard_normal((2, 5, 5, 4)).astype(np.float32)
+    y = conv.forward(x).copy()
+    np.testing.assert_array_equal(conv.write_output_again(), y)
+    assert not DepthwiseConv2d(4, 3, layout="NCHW").writes_output_again()  # an NCHW output is a layout copy
+    # on numpy's tap-by-tap passes the map is kept; on the compiled loops (one pass) it is written again
+    assert not on_numpy(conv.writes_output_again)
+    assert conv.writes_output_again() == HAS_NUMBA
+    # in eval mode, or folded for inference, a separable convolution keeps its depthwise map
+    sep = SeparableConv2d(4, 8, 3, padding=1, layout="NHWC")
+    trainer = nf.Trainer(nf.Sequential(sep, ops.GlobalAvgPool2d(layout="NHWC"), ops.Linear(8, 2)),
+                         optimizer=nf.optim.SGD(lr=0.1), batch_size=2, progress=False)
+    trainer.predict(x)
+    assert not sep._written_again  # noqa: SLF001 - the decision itself is what is checked
 
 
 def test_backward_writes_each_let_go_map_again_once(monkeypatch) -> None:
