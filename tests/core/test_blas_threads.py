@@ -134,6 +134,16 @@ def test_another_blas_and_another_namespace_are_called_as_they_are(monkeypatch: 
     assert blas_threads.matmul(Namespace, a, b) == "namespace"
 
 
+def test_a_count_set_while_lowered_stands_after_the_product(two_threads: None) -> None:
+    """A limit another thread sets meanwhile (threadpoolctl, openblas_set_num_threads) is not overwritten."""
+    assert blas_threads._lower_to(1)  # noqa: SLF001 - a product in flight in another thread
+    try:
+        cpu.set_openblas_threads(3)
+    finally:
+        blas_threads._put_back()  # noqa: SLF001
+    assert cpu.openblas_threads() == 3
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
 def test_a_child_forked_while_the_count_is_lowered_gets_it_back(two_threads: None) -> None:
     assert blas_threads._lower_to(1)  # noqa: SLF001 - the state a fork from inside a product would copy

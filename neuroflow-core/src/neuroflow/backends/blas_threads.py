@@ -54,6 +54,7 @@ OPENBLAS_SERIAL = 1 << 18
 _lock = threading.Lock()
 _holders = 0
 _lowered_from = 0  # the thread count OpenBLAS had before the first holder lowered it
+_lowered_to = 0  # the count the first holder set
 
 
 def work(a: Any, b: Any) -> int:
@@ -86,23 +87,24 @@ def matmul(xp: Any, a: Any, b: Any, out: Any = None) -> Any:
 def _lower_to(count: int) -> bool:
     """Hold OpenBLAS at ``count`` threads (or at a lower count another holder set) until :func:`_put_back`; False
     (nothing held) where it has no more than ``count`` or is not OpenBLAS."""
-    global _holders, _lowered_from
+    global _holders, _lowered_from, _lowered_to
     with _lock:
         if _holders == 0:
             current = openblas_threads()
             if current is None or current <= count or not set_openblas_threads(count):
                 return False
-            _lowered_from = current
+            _lowered_from, _lowered_to = current, count
         _holders += 1
         return True
 
 
 def _put_back() -> None:
-    """Release one hold; the last gives OpenBLAS back the count it had."""
+    """Release one hold; the last gives OpenBLAS back the count it had, unless somebody set another meanwhile
+    (a ``threadpoolctl`` limit entered in another thread): that one stands."""
     global _holders
     with _lock:
         _holders -= 1
-        if _holders == 0:
+        if _holders == 0 and openblas_threads() == _lowered_to:
             set_openblas_threads(_lowered_from)
 
 
