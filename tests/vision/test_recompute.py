@@ -79,6 +79,22 @@ def test_recomputing_changes_no_number(make, accumulation) -> None:
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("option", [{"update_in_backward": True}, {"enable_async_unload": True}])
+def test_recomputing_changes_no_number_with_updates_in_backward_or_unloading(option) -> None:
+    """An update applied as its gradient arrives, or saved maps unloaded to the host, meet the maps written again
+    (a depthwise map is written before its own weight's gradient exists, so before its update)."""
+    def run(flag: bool) -> tuple[list[float], list[np.ndarray]]:
+        x, y = batch()
+        trainer = nf.Trainer(set_recompute(nhwc_chain(), flag), optimizer=nf.optim.SGD(lr=0.05, momentum=0.9),
+                             batch_size=len(x), seed=1, progress=False, **option)
+        return [trainer.train_step(x, y) for _ in range(3)], [p.data.copy() for p in trainer.model.parameters()]
+
+    kept, again = run(False), run(True)
+    assert kept[0] == again[0]
+    for a, b in zip(kept[1], again[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_the_maps_written_again_die_in_forward_and_the_arena_shrinks() -> None:
     """Each BatchNorm output that a convolution reads next (inside a stage and across the stages' boundary) dies
     before backward starts and is asked for again in backward; the classifier's input is kept."""
