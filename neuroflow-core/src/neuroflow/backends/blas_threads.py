@@ -14,10 +14,11 @@ Measured on a 2-core Xeon (AVX-512, numpy's OpenBLAS 0.3.31), the detector's
 ``yolo_lite`` at batch 1 (nine products of 0.8–7.1 M multiply-adds), forward
 time in steady state / first prediction after 0.2 s idle: every product on
 two threads 2.11 / 4.91 ms; on one thread below 3 M 2.01 / 3.49; below 8 M
-1.87 / 3.26; below 30 M 1.89 / 3.13. Products of 30 M and more (every one of
-a batch-16 step) still gain about 2× from two threads. ``benchmarks/detector.py``
-at batch 1 went from 1.37× PyTorch's time to 1.01×; the small CNN's and an
-MLP's steps (alone in a process) did not change.
+1.87 / 3.26; below 30 M 1.89 / 3.13. Products of 30 M and more (most of a
+batch-16 step's) still gain about 2× from two threads. ``benchmarks/detector.py``
+at batch 1 went from 1.37× PyTorch's time to 1.01×, and one prediction every
+1/30 s from 18.6 ms to about 3 (a sleeping worker is slower still to wake after
+33 ms); the small CNN's and an MLP's steps (alone in a process) did not change.
 
 Where products run back to back the workers never fall asleep and two
 threads win even on small ones: a recurrent cell's products, one per time
@@ -30,8 +31,9 @@ limit is OpenBLAS's process-wide thread count, lowered for the call and put
 back after it. Calls from several threads at once share one lowering
 (counted under a lock): while any of them runs, every product in the process
 runs on the lowered count, which changes timing only, never a result
-(OpenBLAS's sums over k do not depend on its thread count). Another BLAS, or
-another array namespace, is called as it is.
+(OpenBLAS's sums over k do not depend on its thread count). A count somebody
+sets meanwhile (a ``threadpoolctl`` limit in another thread) stands. Another
+BLAS, or another array namespace, is called as it is.
 """
 
 from __future__ import annotations
