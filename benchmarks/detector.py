@@ -206,10 +206,7 @@ def frame_latencies(steppers: dict[str, Callable[[], float]], fps: float, rounds
                     warmup: int) -> dict[str, Any]:
     """Seconds of each batch-1 prediction made 1/``fps`` s after the previous one ended: ``rounds`` rounds in
     which every contender (in turn, the order rotating) takes a block of ``frames`` frames."""
-    harness.first_values_agree({name: [step() for _ in range(3)] for name, step in steppers.items()}, "first value")
-    for step in steppers.values():
-        for _ in range(warmup):
-            step()
+    harness.warm_up(steppers, warmup, functools.partial(harness.first_values_agree, what="first value"))
     names, gap = list(steppers), 1.0 / fps
     latencies: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):

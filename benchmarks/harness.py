@@ -251,6 +251,19 @@ def time_block(step: Callable[[], object], steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
+def warm_up(steppers: dict[str, Callable[[], float]], warmup: int,
+            check: Callable[[dict[str, list[float]]], None]) -> dict[str, list[float]]:
+    """Three steps of every contender, whose values ``check`` must accept (it raises when the contenders do not
+    compute the same step), then ``warmup`` untimed steps each; returns the three values of each."""
+    first = {name: [float(step()) for _ in range(3)] for name, step in steppers.items()}
+    check(first)
+    for step in steppers.values():
+        for _ in range(warmup):
+            step()
+    gc.collect()
+    return first
+
+
 def run_interleaved(steppers: dict[str, Callable[[], float]], repeats: int, steps: int, warmup: int, pause: float,
                     check: Callable[[dict[str, list[float]]], None]) -> dict[str, Any]:
     """Time every contender in this process: three steps each, whose losses ``check`` must accept (it raises when
@@ -259,12 +272,7 @@ def run_interleaved(steppers: dict[str, Callable[[], float]], repeats: int, step
 
     Returns the first three losses of each and the seconds per step of every block.
     """
-    first_losses = {name: [float(step()) for _ in range(3)] for name, step in steppers.items()}
-    check(first_losses)
-    for step in steppers.values():
-        for _ in range(warmup):
-            step()
-    gc.collect()
+    first_losses = warm_up(steppers, warmup, check)
     blocks = {name: functools.partial(time_block, step, steps) for name, step in steppers.items()}
     return {"first_losses": first_losses, "pause_s": pause, "samples_s": interleave(blocks, repeats, pause)}
 

@@ -60,6 +60,19 @@ def test_a_small_product_runs_on_one_thread_and_the_count_comes_back(two_threads
     np.testing.assert_array_equal(got.view(np.ndarray), a.view(np.ndarray) @ b.view(np.ndarray))
 
 
+def test_a_replayed_call_makes_the_same_choice_every_time(two_threads: None) -> None:
+    a, b = seen((576, 64)), seen((64, 64), 1)
+    out = np.empty((576, 64), np.float32)
+    call = blas_threads.matmul_call(a, b, out)
+    Seen.counts = []
+    call()
+    call()
+    assert Seen.counts == [1, 1] and cpu.openblas_threads() == 2
+    np.testing.assert_array_equal(out, a.view(np.ndarray) @ b.view(np.ndarray))
+    tiny = blas_threads.matmul_call(seen((8, 8)), seen((8, 8), 1), np.empty((8, 8), np.float32))
+    assert tiny.func is np.matmul  # OpenBLAS keeps it on one thread itself: nothing to hold
+
+
 def test_a_product_worth_two_threads_keeps_them(two_threads: None) -> None:
     a, b = seen((2048, 128)), seen((128, 64), 1)  # 16.8 M multiply-adds: two grains
     Seen.counts = []

@@ -79,17 +79,33 @@ def test_recomputing_changes_no_number(make, accumulation) -> None:
         np.testing.assert_array_equal(a, b)
 
 
+def count_written_again(monkeypatch) -> list[nf.Operator]:
+    """Every ``write_output_again`` call from now on (BatchNorms and depthwise convolutions), by the op called."""
+    calls: list[nf.Operator] = []
+    for cls in (BatchNorm2d, DepthwiseConv2d):
+        original = cls.write_output_again
+        monkeypatch.setattr(cls, "write_output_again",
+                            lambda self, original=original: (calls.append(self), original(self))[1])
+    return calls
+
+
 @pytest.mark.parametrize("option", [{"update_in_backward": True}, {"enable_async_unload": True}])
-def test_recomputing_changes_no_number_with_updates_in_backward_or_unloading(option) -> None:
+def test_recomputing_changes_no_number_with_updates_in_backward_or_unloading(option, monkeypatch) -> None:
     """An update applied as its gradient arrives, or saved maps unloaded to the host, meet the maps written again
     (a depthwise map is written before its own weight's gradient exists, so before its update)."""
+    calls = count_written_again(monkeypatch)
+
     def run(flag: bool) -> tuple[list[float], list[np.ndarray]]:
         x, y = batch()
         trainer = nf.Trainer(set_recompute(nhwc_chain(), flag), optimizer=nf.optim.SGD(lr=0.05, momentum=0.9),
                              batch_size=len(x), seed=1, progress=False, **option)
         return [trainer.train_step(x, y) for _ in range(3)], [p.data.copy() for p in trainer.model.parameters()]
 
-    kept, again = run(False), run(True)
+    kept = run(False)
+    assert calls == []
+    again = run(True)
+    # the option kept the maps being let go: 3 BatchNorm maps (and 2 depthwise ones on the compiled loops) a step
+    assert len(calls) == 3 * (3 + (2 if HAS_NUMBA else 0))
     assert kept[0] == again[0]
     for a, b in zip(kept[1], again[1], strict=True):
         np.testing.assert_array_equal(a, b)
@@ -139,7 +155,7 @@ def test_a_separable_convolution_alone_writes_its_depthwise_map_again_bit_for_bi
     assert [s.phase for s in slots if s.key == "recomputed.output"] == (["backward"] if HAS_NUMBA else [])
 
 
-def test_a_depthwise_map_is_written_again_only_where_it_can_be() -> None:
+def test_a_depthwise_map_is_written_again_only_where_it_can_be(monkeypatch) -> None:
     conv = DepthwiseConv2d(4, 3, padding=1, layout="NHWC")
     with pytest.raises(RuntimeError, match="before forward"):
         conv.write_output_again()
@@ -150,12 +166,14 @@ def test_a_depthwise_map_is_written_again_only_where_it_can_be() -> None:
     # on numpy's tap-by-tap passes the map is kept; on the compiled loops (one pass) it is written again
     assert not on_numpy(conv.writes_output_again)
     assert conv.writes_output_again() == HAS_NUMBA
-    # in eval mode, or folded for inference, a separable convolution keeps its depthwise map
+    # under a Trainer each step (the traced first one too) writes a separable convolution's depthwise map again
+    calls = count_written_again(monkeypatch)
     sep = SeparableConv2d(4, 8, 3, padding=1, layout="NHWC")
     trainer = nf.Trainer(nf.Sequential(sep, ops.GlobalAvgPool2d(layout="NHWC"), ops.Linear(8, 2)),
                          optimizer=nf.optim.SGD(lr=0.1), batch_size=2, progress=False)
-    trainer.predict(x)
-    assert not sep._written_again  # noqa: SLF001 - the decision itself is what is checked
+    for _ in range(2):
+        trainer.train_step(x, np.array([0, 1]))
+    assert calls == ([sep.depthwise] * 2 if HAS_NUMBA else [])
 
 
 def test_backward_writes_each_let_go_map_again_once(monkeypatch) -> None:

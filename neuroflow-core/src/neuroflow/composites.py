@@ -47,6 +47,20 @@ def _keeper_to_refill(producer: Operator, consumer: Operator, x: Any) -> Operato
     return keeper if keeper is not None and keeper.saved_input is x else None
 
 
+def read_on_pool(pool: Any, producer: Operator, consumer: Operator, x: Any, y: Any, let_go: bool) -> Operator | None:
+    """On a step's ``pool``, ``consumer``'s forward has read ``x``, ``producer``'s output, and returned ``y``. With
+    ``let_go`` (training, recomputation on), where it can (see :func:`_keeper_to_refill`), ``x`` dies now and the
+    op to hand it again in backward is returned: backward calls ``keeper.save_input(producer.write_output_again())``
+    before the consumer's backward. Else None, ``x`` kept as :func:`report_forward_read` tells a tracing pool."""
+    keeper = _keeper_to_refill(producer, consumer, x) if let_go else None
+    if pool.tracing:
+        if keeper is not None:
+            pool.drop(x, y)  # dies now: backward writes it again
+        else:
+            report_forward_read(pool, producer, consumer, x, y)
+    return keeper
+
+
 class Sequential(Operator):
     """Children applied in order; backward runs them in reverse.
 
@@ -136,9 +150,10 @@ class Sequential(Operator):
         (:meth:`~Operator.input_keeper`) is let go until backward, which writes it again just before the
         consumer's: one elementwise pass (a BatchNorm's) buys the memory of a feature map between forward and
         backward. A tracing pool is told of each output as it is read (see :func:`report_forward_read`)."""
-        tracing, recording = pool.tracing, getattr(pool, "recording", None)
+        recording = getattr(pool, "recording", None)
         shapes: list[tuple[int, ...]] | None = [] if debug.enabled() else None
         recomputed: list[tuple[int, Operator]] = []  # (consumer's index, its keeper): no arrays kept
+        let_go = self.training and self.recompute_outputs
         producer: Operator | None = None
         for index, layer in enumerate(run):
             if shapes is not None:
@@ -146,15 +161,10 @@ class Sequential(Operator):
             y = layer.forward(x)
             if recording is not None:
                 recording.forward(layer, x, y)
-            keeper = None
-            if producer is not None and self.training and self.recompute_outputs:
-                keeper = _keeper_to_refill(producer, layer, x)
-            if keeper is not None:
-                recomputed.append((index, keeper))
-                if tracing:
-                    pool.drop(x, y)  # dies now: backward writes it again
-            elif tracing and producer is not None:
-                report_forward_read(pool, producer, layer, x, y)
+            if producer is not None:
+                keeper = read_on_pool(pool, producer, layer, x, y, let_go)
+                if keeper is not None:
+                    recomputed.append((index, keeper))
             producer, x = layer, y
         if shapes is not None:
             self._input_shapes = shapes

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from neuroflow.composites import report_forward_read
+from neuroflow.composites import read_on_pool
 from neuroflow.layout_pass import LayoutOptions
 from neuroflow.operator import MemoryDeclaration, Operator
 from neuroflow_ops_vision import conv_depthwise
@@ -122,7 +122,7 @@ class SeparableConv2d(ChannelsLastOperator):
                                          depth_multiplier=depth_multiplier, layout="NHWC", dtype=dtype)
         self.pointwise = Conv2d(in_channels * depth_multiplier, out_channels, 1, bias=bias, layout="NHWC", dtype=dtype)
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self._written_again = False
+        self._refill: Operator | None = None  # the op to hand the depthwise output again in backward (set by forward)
 
     @property
     def needs_input_grad(self) -> bool:
@@ -144,17 +144,12 @@ class SeparableConv2d(ChannelsLastOperator):
         check_feature_map(self, x, self.in_channels, self.layout)
         depthwise = self.depthwise.forward(self._to_nhwc(x, self.layout, "x_nhwc"))
         y = self.pointwise.forward(depthwise) if affine is None else self.pointwise.forward_affine(depthwise, *affine)
-        pool: Any = self.buffer_pool
-        # On a step's planned buffers, the depthwise output dies here when backward can write it again for the
-        # pointwise convolution, the one op that reads it there (as a Sequential lets its layers' outputs go).
-        self._written_again = (affine is None and pool is not None and self.training and self.recompute_outputs
-                               and self.depthwise.writes_output_again()
-                               and self.pointwise.input_keeper().saved_input is depthwise)
-        if pool is not None and pool.tracing:
-            if self._written_again:
-                pool.drop(depthwise, y)
-            else:  # as a chain: the depthwise output dies with the pointwise's backward
-                report_forward_read(pool, self.depthwise, self.pointwise, depthwise, y)
+        pool = self.buffer_pool
+        # As a chain of two: on a step's planned buffers the depthwise output dies here when backward can write it
+        # again for the pointwise convolution, else with the pointwise's backward.
+        let_go = affine is None and self.training and self.recompute_outputs
+        refill = None if pool is None else read_on_pool(pool, self.depthwise, self.pointwise, depthwise, y, let_go)
+        object.__setattr__(self, "_refill", refill)  # forward state, not a child: no bookkeeping
         return self._from_nhwc(y, self.layout, "y")
 
     def input_keeper(self) -> Operator | None:
@@ -166,8 +161,8 @@ class SeparableConv2d(ChannelsLastOperator):
         tracing = pool is not None and pool.tracing
         with Workspace(self, "backward") as ws:
             g = self._to_nhwc(grad_out, self.layout, "g_nhwc", ws)
-            if self._written_again:
-                self.pointwise.input_keeper().save_input(self.depthwise.write_output_again())
+            if self._refill is not None:
+                self._refill.save_input(self.depthwise.write_output_again())
             g_depthwise = self.pointwise.backward(g)
             if tracing:  # each child's end, as a chain reports it: its buffers and the gradient it read die now
                 pool.handoff(g, g_depthwise, self.pointwise)

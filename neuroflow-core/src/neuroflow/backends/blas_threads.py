@@ -38,9 +38,11 @@ BLAS, or another array namespace, is called as it is.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -78,7 +80,21 @@ def matmul(xp: Any, a: Any, b: Any, out: Any = None) -> Any:
     if xp is not np:
         return xp.matmul(a, b, out=out)
     size = work(a, b)
-    if size <= OPENBLAS_SERIAL or not _lower_to(threads_for(size)):
+    return np.matmul(a, b, out=out) if size <= OPENBLAS_SERIAL else _on_threads(threads_for(size), a, b, out)
+
+
+def matmul_call(a: Any, b: Any, out: Any) -> Callable[[], Any]:
+    """:func:`matmul` of numpy arrays as a call to repeat on the same arrays (a replayed step's, see
+    :mod:`neuroflow.replay`): the size and the thread count worked out once, not every step."""
+    size = work(a, b)
+    if size <= OPENBLAS_SERIAL:
+        return functools.partial(np.matmul, a, b, out=out)
+    return functools.partial(_on_threads, threads_for(size), a, b, out)
+
+
+def _on_threads(count: int, a: Any, b: Any, out: Any) -> Any:
+    """``np.matmul(a, b, out=out)`` with OpenBLAS held at no more than ``count`` threads."""
+    if not _lower_to(count):
         return np.matmul(a, b, out=out)
     try:
         return np.matmul(a, b, out=out)

@@ -97,7 +97,7 @@ class Linear(Operator):
     def replay_forward(self, x: Any, y: Any) -> list[Any] | None:
         if self.xp is not np or x.ndim != 2 or (self.has_bias and self.fused(kernels.LINEAR.name, x) is not None):
             return None
-        calls = [functools.partial(blas_threads.matmul, np, x, self.weight.data.T, out=y)]
+        calls = [blas_threads.matmul_call(x, self.weight.data.T, y)]
         if self.has_bias:
             calls.append(functools.partial(np.add, y, self.bias.data, out=y))
         return calls
@@ -113,8 +113,8 @@ class Linear(Operator):
             return None
         calls: list[Any] = []
         if grad_in is not None:
-            calls.append(functools.partial(blas_threads.matmul, np, grad_out, self.weight.data, out=grad_in))
-        calls.append(functools.partial(blas_threads.matmul, np, grad_out.T, x2, out=self.weight.grad))
+            calls.append(blas_threads.matmul_call(grad_out, self.weight.data, grad_in))
+        calls.append(blas_threads.matmul_call(grad_out.T, x2, self.weight.grad))
         if self.has_bias:
             calls.append(sum_rows_call(np, grad_out, out=self.bias.grad))
         return calls
