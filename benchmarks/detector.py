@@ -285,17 +285,24 @@ def throughput_table(rows: list[dict[str, Any]]) -> str:
 
 
 def rss_table(separate: list[dict[str, Any]]) -> str:
+    """Per thread count: each contender's step time, its peak RSS rise over setup, and its whole process's peak
+    (setup, which holds the interpreter and the framework's code, plus that rise: what the machine must have)."""
     names = contenders()
-    headers = ["threads", *(f"{n} ms" for n in names), *(f"{n} RSS rise MB" for n in names)]
-    headers += ["ms NeuroFlow/PyTorch", "RSS rise NeuroFlow/PyTorch"] if TORCH in names else []
+    headers = ["threads", *(f"{n} ms" for n in names), *(f"{n} RSS rise MB" for n in names),
+               *(f"{n} process peak MB" for n in names)]
+    headers += ["ms NeuroFlow/PyTorch", "RSS rise NeuroFlow/PyTorch", "process peak NeuroFlow/PyTorch"] \
+        if TORCH in names else []
     table = []
     for result in separate:
         rise = {n: result["workers"][n]["peak_rise_kb"] for n in names}
+        peak = {n: None if rise[n] is None else result["workers"][n]["rss_setup_kb"] + rise[n] for n in names}
         cells: list[object] = [result["threads"], *(f"{statistics.median(result['samples_s'][n]) * 1e3:.1f}" for n in names)]
         cells += ["—" if rise[n] is None else f"{rise[n] / 1024:.1f}" for n in names]
+        cells += ["—" if peak[n] is None else f"{peak[n] / 1024:.1f}" for n in names]
         if TORCH in names:
             cells.append(f"{harness.paired_ratio(result['samples_s'][MAIN], result['samples_s'][TORCH]):.2f}×")
             cells.append(f"{rise[MAIN] / rise[TORCH]:.2f}×" if rise[MAIN] and rise[TORCH] else "—")
+            cells.append(f"{peak[MAIN] / peak[TORCH]:.2f}×" if peak[MAIN] and peak[TORCH] else "—")
         table.append(cells)
     return harness.markdown_table(headers, table)
 

@@ -153,6 +153,9 @@ def test_detector_benchmark_times_training_and_inference_in_one_process():
     assert frames[0][2:2 + len(names)] == [f"{n} median ms" for n in names]
     assert all(float(cell) > 0 for cell in frames[1][2:2 + 2 * len(names)])
     assert rss[0][:2] == ["threads", "NeuroFlow ms"] and f"{names[-1]} RSS rise MB" in rss[0]
+    for name in names:  # the whole process's peak holds its setup (interpreter, code) and the rise
+        rise, peak = (float(rss[1][rss[0].index(f"{name} {what} MB")]) for what in ("RSS rise", "process peak"))
+        assert peak > rise + 20
     summary = json_line(done.stdout)
     assert summary["benchmark"] == "detector" and [r["what"] for r in summary["results"]] == whats
     assert set(summary["rss_rise_kb"][0]) == set(names) and set(summary["frames_median_ms"][0]) == set(names)
