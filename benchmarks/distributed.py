@@ -8,15 +8,21 @@ variable at 1:
 - **scaling efficiency**: 2-rank samples/s over twice the 1-rank samples/s (1.0: perfect); and **vs 2 alone**,
   the step time of 2 ranks training alone side by side over the data-parallel step's: what the communication
   costs, without what two processes on the machine cost each other (a loaded or memory-bound machine). In the
-  2-rank run each rank interleaves its steps: one alone, one data-parallel, (NeuroFlow) one data-parallel with
-  every bucket started after backward, and again; load and drift on a shared machine hit them alike;
+  2-rank run each rank interleaves blocks of consecutive steps (``STEPS``: 5 for the small CNN): alone,
+  data-parallel, (NeuroFlow) data-parallel with every bucket started after backward, and again; load and drift
+  on a shared machine hit them alike, and most steps follow a step of the same model, as in training;
 - **allreduce**: the time one blocking allreduce of all the gradients takes on 2 ranks; for NeuroFlow the engine's
   own timers (:attr:`neuroflow.trainer.data_parallel.DataParallel.timing`): **exposed**, the communication left
   once every rank had finished backward, with the buckets started during backward and with all of them started
   after it (the whole exchange), and the **waiting for the slower rank** (skew between the ranks, not
   communication); the **share hidden** is 1 - exposed (overlapped) / exposed (after backward). PyTorch has no
   such timers: its share is 1 - (DP step - 2 alone step) / allreduce, marked "(step time)".
-  ``--bucket-mb 0.5 2 8`` compares bucket sizes (one 2-rank run each).
+  ``--bucket-mb 0.5 2 8`` compares bucket sizes (one 2-rank run each per round).
+
+The 1-rank reference and the 2-rank run are two ``mpiexec`` runs, minutes apart for ResNet-18; one unlucky
+reference moved the efficiency by ±0.05 between otherwise equal runs. So every framework's pair of runs is
+repeated ``--rounds`` times (default 3) in turn, the first framework rotating, and the table gives the median of
+each time over the rounds (per-round rows are printed as they finish, and kept in ``--json``).
 
 PyTorch (``torch==2.13.0``, benchmark-only: ``.venv/bin/pip install torch==2.13.0``) runs the same models
 from the same weights as ``torch.nn.parallel.DistributedDataParallel`` over gloo on 127.0.0.1 (its default
@@ -25,7 +31,8 @@ from the same weights as ``torch.nn.parallel.DistributedDataParallel`` over gloo
     .venv/bin/python benchmarks/distributed.py                    # every model, both frameworks (minutes)
     .venv/bin/python benchmarks/distributed.py --models mlp,cnn --frameworks neuroflow
     .venv/bin/python benchmarks/distributed.py --models resnet18 --frameworks neuroflow --bucket-mb 1 2 4
-    .venv/bin/python benchmarks/distributed.py --quick            # smoke test: few steps
+    .venv/bin/python benchmarks/distributed.py --models cnn,resnet18 --rounds 5
+    .venv/bin/python benchmarks/distributed.py --quick            # smoke test: few steps, one round
 """
 
 from __future__ import annotations
@@ -48,8 +55,8 @@ import harness
 HERE = Path(__file__).resolve().parent
 MODELS = {"mlp": ("MLP 784-128-64-10", (784,)), "cnn": ("small CNN", (3, 32, 32)),
           "resnet18": ("ResNet-18 (CIFAR)", (3, 32, 32))}
-#: (warm-up steps, timed steps) per model; --quick divides them
-STEPS = {"mlp": (20, 200), "cnn": (3, 20), "resnet18": (2, 6)}
+#: (warm-up steps, timed steps, steps per interleaved block) per model; --quick divides the first two
+STEPS = {"mlp": (20, 200, 20), "cnn": (3, 20, 5), "resnet18": (2, 6, 3)}
 PER_RANK = 32
 
 
@@ -111,20 +118,25 @@ def timed(step: Any, warmup: int, steps: int, after: Any = None) -> list[float]:
     return times
 
 
-def interleaved(steps: dict[str, Any], warmup: int, rounds: int, after: Any = None) -> dict[str, list[float]]:
-    """Each of ``steps`` (name -> step) once a round, in turn, ``rounds`` times after ``warmup`` rounds: load and
-    drift on a shared machine hit every contender alike. ``after(name)`` runs after each timed step."""
+def interleaved(steps: dict[str, Any], warmup: int, count: int, block: int,
+                after: Any = None) -> dict[str, list[float]]:
+    """``count`` timed steps of each of ``steps`` (name -> step) after ``warmup`` untimed ones, in blocks of
+    ``block`` consecutive steps taken in turn: load and drift on a shared machine hit every contender alike, and
+    most steps run as in training, after a step of the same model (a step right after another model's pays
+    for caches the other filled: 22.1 against 20.2 ms for the small CNN at one thread). ``after(name)`` runs
+    after each timed step."""
     for _ in range(warmup):
         for step in steps.values():
             step()
     times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
+    while any(len(t) < count for t in times.values()):
         for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-            if after is not None:
-                after(name)
+            for _ in range(min(block, count - len(times[name]))):
+                start = time.perf_counter()
+                step()
+                times[name].append(time.perf_counter() - start)
+                if after is not None:
+                    after(name)
     return times
 
 
@@ -170,7 +182,7 @@ def neuroflow_child(name: str, warmup: int, steps: int, comm: Any, bucket_mb: fl
             out["exposed_after"].append(timing.exposed_s)
 
     out.update(interleaved({"alone": lambda: alone.train_step(x, y), "dp": data_parallel(True),
-                            "dp_after": data_parallel(False)}, warmup, steps, after=note))
+                            "dp_after": data_parallel(False)}, warmup, steps, min(STEPS[name][2], steps), after=note))
     gradient = np.zeros(parallel.flat_parameters.grad.size, dtype=np.float32)
     out["allreduce"] = timed(lambda: engine.communicator.allreduce_sum(gradient), 2, 10)
     out["buckets"] = len(engine.reducer)
@@ -208,7 +220,8 @@ def torch_child(name: str, warmup: int, steps: int, comm: Any, bucket_mb: float 
     port = comm.bcast(_free_port() if rank == 0 else None, root=0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
     model = torch.nn.parallel.DistributedDataParallel(torch_model(name, state))
-    out.update(interleaved({"alone": alone, "dp": stepper(model, PER_RANK * size)}, warmup, steps))
+    out.update(interleaved({"alone": alone, "dp": stepper(model, PER_RANK * size)}, warmup, steps,
+                           min(STEPS[name][2], steps)))
     gradient = torch.zeros(sum(p.numel() for p in model.parameters()))
     out["allreduce"] = timed(lambda: dist.all_reduce(gradient), 2, 10)
     dist.barrier()  # (no destroy_process_group: with gloo it can wait for ever at exit)
@@ -266,6 +279,13 @@ def measure(framework: str, model: str, ranks: int, warmup: int, steps: int,
         return dict(json.loads(out.read_text()))
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runs of one setting over the rounds as one: the median of each time (a rank's median step, the slower
+    rank's, per run); the bucket count as it is."""
+    return {key: (statistics.median(run[key] for run in runs) if isinstance(runs[0][key], float) else runs[0][key])
+            for key in runs[0]}
+
+
 def hidden(two: dict[str, Any]) -> str:
     """The share of the allreduce backward hid: NeuroFlow's from the engine's timers (the communication left once
     every rank finished backward, with buckets started during backward vs all started after it); PyTorch's from
@@ -297,8 +317,8 @@ HEADER = ["model", "framework", "1 rank samples/s", "2 ranks samples/s", "effici
 
 
 def table(report: dict[str, Any]) -> str:
-    """The markdown table of ``report`` (what ``--json`` writes: "model/framework[/bucket MiB]" -> runs of 1 and 2
-    ranks)."""
+    """The markdown table of ``report`` (what ``--json`` writes: "model/framework[/bucket MiB]" -> the median runs
+    of 1 and 2 ranks, and every round's)."""
     rows = [row(*key.split("/")[:2], runs["1"], runs["2"], *key.split("/")[2:]) for key, runs in report.items()]
     return harness.markdown_table(HEADER, rows)
 
@@ -309,6 +329,9 @@ def main() -> int:
     parser.add_argument("--frameworks", default="neuroflow,torch")
     parser.add_argument("--bucket-mb", type=float, nargs="*", default=None,
                         help="NeuroFlow's bucket sizes to compare (default: the Trainer's default)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="1-rank and 2-rank runs of every framework, in turn, this many times; the table gives "
+                             "the median of each time over the rounds (default 3; 1 with --quick)")
     parser.add_argument("--quick", action="store_true", help="few steps: a smoke test, not a measurement")
     parser.add_argument("--json", metavar="PATH", help="also write the measurements as JSON")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -321,25 +344,35 @@ def main() -> int:
     if args.child:
         args.bucket_mb = args.bucket_mb[0] if args.bucket_mb else None
         return child(args)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1; got {args.rounds}")
+    if args.quick:
+        args.rounds = 1
     frameworks = [f for f in args.frameworks.split(",") if f]
     if "torch" in frameworks and importlib.util.find_spec("torch") is None:
         print("torch is not installed (.venv/bin/pip install torch==2.13.0): NeuroFlow alone")
         frameworks.remove("torch")
-    report: dict[str, Any] = {}
     print(f"machine: {os.cpu_count()} cores, load {harness.machine_load()}; 1 thread per rank, batch {PER_RANK} "
           f"per rank", flush=True)
+    rounds: dict[str, list[dict[str, Any]]] = {}
     for model in args.models.split(","):
-        warmup, steps = STEPS[model]
+        warmup, steps, _ = STEPS[model]
         if args.quick:
             warmup, steps = 1, max(2, steps // 10)
-        for framework in frameworks:
-            one = measure(framework, model, 1, warmup, steps)
-            sizes = (args.bucket_mb or [None]) if framework == "neuroflow" else [None]
-            for bucket_mb in sizes:
-                two = measure(framework, model, 2, warmup, steps, bucket_mb)
-                key = f"{model}/{framework}" + ("" if bucket_mb is None else f"/{bucket_mb:g}")
-                report[key] = {"1": one, "2": two}
-                print(" | ".join(row(*key.split("/")[:2], one, two, *key.split("/")[2:])), flush=True)
+        for turn in range(args.rounds):
+            # a round runs every framework's 1-rank and 2-rank runs in turn (the first framework rotating), so
+            # drift and load over minutes hit the 1-rank references and the 2-rank runs of both alike
+            for framework in frameworks[turn % len(frameworks):] + frameworks[:turn % len(frameworks)]:
+                one = measure(framework, model, 1, warmup, steps)
+                sizes = (args.bucket_mb or [None]) if framework == "neuroflow" else [None]
+                for bucket_mb in sizes:
+                    two = measure(framework, model, 2, warmup, steps, bucket_mb)
+                    key = f"{model}/{framework}" + ("" if bucket_mb is None else f"/{bucket_mb:g}")
+                    rounds.setdefault(key, []).append({"1": one, "2": two})
+                    print(f"round {turn + 1}: " + " | ".join(row(*key.split("/")[:2], one, two, *key.split("/")[2:])),
+                          flush=True)
+    report = {key: {"1": median_run([r["1"] for r in runs]), "2": median_run([r["2"] for r in runs]),
+                    "rounds": runs} for key, runs in rounds.items()}
     print(f"load at the end: {harness.machine_load()}")
     print()
     print(table(report))
