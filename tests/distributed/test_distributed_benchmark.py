@@ -25,3 +25,40 @@ def test_the_distributed_benchmark_prints_its_table():
     exposed, whole = (float(v) for v in cells[-3].split(" / "))
     assert 0 <= exposed and 0 <= whole and float(cells[-2]) >= 0
     assert cells[-1] == "-" or cells[-1].endswith("%")
+
+
+def _benchmark_module():
+    import importlib.util
+
+    sys.path.insert(0, str(REPO / "benchmarks"))  # it imports its sibling harness.py
+    try:
+        spec = importlib.util.spec_from_file_location("distributed_benchmark", REPO / "benchmarks" / "distributed.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    return module
+
+
+def test_contenders_take_turns_by_blocks_of_consecutive_steps():
+    """Most timed steps follow a step of the same model (as in training), and every contender gets its count."""
+    bench = _benchmark_module()
+    order: list[str] = []
+    after: list[str] = []
+    times = bench.interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, warmup=1, count=7,
+                              block=3, after=after.append)
+    assert order == ["a", "b"] + ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"] * 3 + ["a", "b"]
+    assert after == order[2:] and {name: len(t) for name, t in times.items()} == {"a": 7, "b": 7}
+
+
+def test_rounds_combine_into_the_median_of_each_time():
+    bench = _benchmark_module()
+    runs = [{"alone": 1.0, "dp": 3.0, "buckets": 4}, {"alone": 5.0, "dp": 1.0, "buckets": 4},
+            {"alone": 2.0, "dp": 2.0, "buckets": 4}]
+    assert bench.median_run(runs) == {"alone": 2.0, "dp": 2.0, "buckets": 4}
+
+
+def test_the_distributed_benchmark_refuses_no_rounds():
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "distributed.py"), "--rounds", "0"],
+                          capture_output=True, text=True, timeout=TIMEOUT_S, env=environment(), cwd=REPO)
+    assert done.returncode == 2 and "--rounds must be at least 1" in done.stderr
