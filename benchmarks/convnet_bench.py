@@ -140,7 +140,7 @@ def measure_separately(case: Case, script: str, threads: int, args: argparse.Nam
             )
         harness.first_values_agree({name: w.info["first_losses"] for name, w in workers.items()})
         samples = harness.interleave(
-            {name: functools.partial(w.run, args.steps) for name, w in workers.items()}, args.repeats,
+            {name: functools.partial(w.run, args.steps, args.settle) for name, w in workers.items()}, args.repeats,
             harness.pause_for(threads, args.pause),
         )
     finally:
@@ -187,6 +187,7 @@ def parse_args(case: Case, argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pause", type=float,
                         help="seconds idle before each block, so the previous contender's spinning BLAS/OpenMP threads "
                              f"go to sleep (default {harness.SPIN_PAUSE_S} above one thread, 0 at one)")
+    harness.add_settle_argument(parser)
     parser.add_argument("--variants", default=",".join(case.default_variants),
                         help=f"comma-separated further NeuroFlow contenders, or 'all': {keys} "
                              f"(default {','.join(case.default_variants) or 'none'})")
@@ -213,7 +214,7 @@ def parse_args(case: Case, argv: list[str] | None) -> argparse.Namespace:
 
 
 def child_argv(args: argparse.Namespace) -> list[str]:
-    argv = ["--repeats", str(args.repeats), "--steps", str(args.steps), "--warmup", str(args.warmup),
+    argv = ["--repeats", str(args.repeats), "--steps", str(args.steps), "--warmup", str(args.warmup), "--settle", str(args.settle),
             "--names", "|".join(args.contender_names)]
     return argv + ([] if args.pause is None else ["--pause", str(args.pause)])
 
@@ -233,14 +234,14 @@ def main(case: Case, script: str, argv: list[str] | None = None) -> int:
     separate = [measure_separately(case, script, t, args) for t in threads] if args.separate_processes else []
     report: dict[str, Any] = {
         "case": case.title, "batch": case.batch, "contenders": names,
-        "settings": {"repeats": args.repeats, "steps": args.steps, "warmup": args.warmup},
+        "settings": {"repeats": args.repeats, "steps": args.steps, "warmup": args.warmup, "settle": args.settle},
         "source": harness.source_version(os.path.dirname(os.path.abspath(script))),
         "load_average_before": load_before, "load_average_after": harness.machine_load(),
         "results": results, "table": harness.ratio_table(results, references),
     }
     print(f"{case.title}, batch {case.batch}, SGD lr {LR} momentum {MOMENTUM}, float32. Every contender in one process "
           f"per thread count, interleaved: median of {args.repeats} repeats × {args.steps} steps after "
-          f"{3 + args.warmup} untimed steps")
+          f"{3 + args.warmup} untimed steps (and {args.settle} at the start of each block)")
     for result in results:
         print(f"  threads={result['threads']}, {result['pause_s']} s idle before each block: "
               f"{harness.describe_threads(result['thread_report'])}")

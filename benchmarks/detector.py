@@ -254,7 +254,7 @@ def measure_separately(script: str, threads: int, args: argparse.Namespace) -> d
             workers[name] = harness.Worker(argv + (["--warm-process"] if args.warm_process else []),
                                            env=harness.thread_env(threads))
         harness.first_values_agree({name: w.info["first_losses"] for name, w in workers.items()})
-        samples = harness.interleave({name: functools.partial(w.run, args.steps) for name, w in workers.items()},
+        samples = harness.interleave({name: functools.partial(w.run, args.steps, args.settle) for name, w in workers.items()},
                                      args.repeats, harness.pause_for(threads, args.pause))
     finally:
         for w in workers.values():
@@ -317,6 +317,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, help="untimed steps per contender first (default 3; 0 with --quick)")
     parser.add_argument("--pause", type=float, help=f"seconds idle before each block (default {harness.SPIN_PAUSE_S} "
                                                     "above one thread, 0 at one)")
+    harness.add_settle_argument(parser)
     parser.add_argument("--measurements", default=",".join([*MEASUREMENTS, FRAMES]),
                         help=f"comma-separated, of {', '.join([*MEASUREMENTS, FRAMES])} (default all)")
     parser.add_argument("--fps", type=float, default=30.0,
@@ -360,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     script = os.path.abspath(__file__)
     threads = [int(t) for t in args.threads.split(",")]
-    child = ["--repeats", str(args.repeats), "--steps", str(args.steps), "--warmup", str(args.warmup),
+    child = ["--repeats", str(args.repeats), "--steps", str(args.steps), "--warmup", str(args.warmup), "--settle", str(args.settle),
              "--measurements", ",".join(args.measurements), "--fps", str(args.fps),
              "--frames-per-block", str(args.frames_per_block)] + ([] if args.pause is None else ["--pause", str(args.pause)])
     child += ["--keep-maps"] if args.keep_maps else []
@@ -371,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     references = {name: TORCH for name in contenders() if name != TORCH} if TORCH in contenders() else {}
     report: dict[str, Any] = {
         "case": "NeuroFlow-YOLO-lite (yolo_lite, 10 classes, 1×96×96)", "contenders": contenders(),
-        "settings": {"repeats": args.repeats, "steps": args.steps, "warmup": args.warmup,
+        "settings": {"repeats": args.repeats, "steps": args.steps, "warmup": args.warmup, "settle": args.settle,
                      "measurements": args.measurements},
         "source": harness.source_version(os.path.dirname(script)),
         "load_average_before": load_before, "load_average_after": harness.machine_load(), "results": results,
@@ -380,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"NeuroFlow-YOLO-lite vs its PyTorch twin: SGD lr {LR} momentum {MOMENTUM}, DetectionLoss vs YOLOv5's loss, "
           f"float32. Every contender in one process per thread count, interleaved: median of {args.repeats} repeats × "
           f"{args.steps} steps ({args.steps * BATCH} at batch 1: the same images per block) after "
-          f"{3 + args.warmup} untimed steps")
+          f"{3 + args.warmup} untimed steps (and {args.settle} at the start of each block)")
     for result in results:
         print(f"  threads={result['threads']}: {harness.describe_threads(result['thread_report'])}")
     print(f"  code {report['source']}, numpy {results[0]['numpy']}, torch {results[0]['torch']}; load average before "

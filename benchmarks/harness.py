@@ -78,6 +78,16 @@ def run_child(argv: Sequence[str], env: dict[str, str] | None = None, timeout: f
     return json.loads(lines[-1])
 
 
+#: Untimed steps at the start of every timed block of a training benchmark, after the idle pause before it.
+#: A training run steps back to back; the first step after 0.2 s idle pays for waking cores that went idle, and
+#: pays more the more often a step hands work to another thread. Measured on the 2-core Xeon (the small CNN of
+#: ``cnn.py``, 2 threads, median over 15 blocks of each step's time by its place in the block): NeuroFlow 46.4,
+#: 31.1, 29.8, then 29.4-30.0 ms; PyTorch 24.0, 20.9, then 20.0-21.4. After 0.002 s idle NeuroFlow's first
+#: step took 29.8 ms; at one thread everywhere, after 0.2 s, 44.2 against 40.2 later. Benchmarks of latency
+#: after idle (``detector.py``'s frames) time that case on purpose and do not use this.
+SETTLE_STEPS = 1
+
+
 # ---------------------------------------------------------------------------------------------- timing
 class Worker:
     """A contender in its own fresh process, timing blocks of steps on request.
@@ -94,11 +104,12 @@ class Worker:
         )
         self.info: dict[str, Any] = json.loads(self._reply())
 
-    def run(self, steps: int) -> float:
-        """Seconds per step over a block of ``steps`` steps, timed inside the child."""
+    def run(self, steps: int, settle: int = SETTLE_STEPS) -> float:
+        """Seconds per step over a block of ``steps`` steps, timed inside the child after ``settle`` untimed ones
+        (:data:`SETTLE_STEPS`)."""
         if self.process.stdin is None:  # pragma: no cover - always a pipe
             raise RuntimeError("worker has no stdin")
-        self.process.stdin.write(f"{steps}\n")
+        self.process.stdin.write(f"{steps} {settle}\n")
         self.process.stdin.flush()
         return float(self._reply())
 
@@ -116,15 +127,13 @@ class Worker:
 
 
 def serve_blocks(step: Callable[[], object]) -> None:
-    """The child side of :class:`Worker`: for each step count read from stdin, run and time that many steps."""
+    """The child side of :class:`Worker`: for each line "STEPS SETTLE" read from stdin, SETTLE untimed steps, then
+    STEPS timed ones (:func:`time_block`)."""
     for line in sys.stdin:
         if not line.strip():
             break
-        steps = int(line)
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        print(repr((time.perf_counter() - start) / steps), flush=True)
+        steps, settle = (int(word) for word in line.split())
+        print(repr(time_block(step, steps, settle)), flush=True)
 
 
 def start_worker(step: Callable[[], float], warmup: int, info: dict[str, Any]) -> None:
@@ -243,8 +252,10 @@ def describe_threads(report: dict[str, Any]) -> str:
     return f"{report['how']}; the libraries report: " + ", ".join(says)
 
 
-def time_block(step: Callable[[], object], steps: int) -> float:
-    """Seconds per step over ``steps`` consecutive calls of ``step``."""
+def time_block(step: Callable[[], object], steps: int, settle: int = 0) -> float:
+    """Seconds per step over ``steps`` consecutive calls of ``step``, after ``settle`` untimed calls."""
+    for _ in range(settle):
+        step()
     start = time.perf_counter()
     for _ in range(steps):
         step()
@@ -265,16 +276,17 @@ def warm_up(steppers: dict[str, Callable[[], float]], warmup: int,
 
 
 def run_interleaved(steppers: dict[str, Callable[[], float]], repeats: int, steps: int, warmup: int, pause: float,
-                    check: Callable[[dict[str, list[float]]], None]) -> dict[str, Any]:
+                    check: Callable[[dict[str, list[float]]], None], settle: int = SETTLE_STEPS) -> dict[str, Any]:
     """Time every contender in this process: three steps each, whose losses ``check`` must accept (it raises when
     the contenders do not compute the same step), ``warmup`` untimed steps each, then ``repeats`` repetitions of
-    one block of ``steps`` steps per contender in turn (:func:`interleave`).
+    one block of ``steps`` steps per contender in turn (:func:`interleave`), each after ``settle`` untimed steps.
 
     Returns the first three losses of each and the seconds per step of every block.
     """
     first_losses = warm_up(steppers, warmup, check)
-    blocks = {name: functools.partial(time_block, step, steps) for name, step in steppers.items()}
-    return {"first_losses": first_losses, "pause_s": pause, "samples_s": interleave(blocks, repeats, pause)}
+    blocks = {name: functools.partial(time_block, step, steps, settle) for name, step in steppers.items()}
+    return {"first_losses": first_losses, "pause_s": pause, "settle_steps": settle,
+            "samples_s": interleave(blocks, repeats, pause)}
 
 
 def first_values_agree(values: dict[str, list[float]], what: str = "first loss") -> None:
@@ -298,7 +310,9 @@ def measure_in_child(groups: dict[str, dict[str, Callable[[], float]]], args: An
     threads = limit_threads(args.one_process_child)
     pause = pause_for(args.one_process_child, args.pause)
     multiples = step_multiples or {}
-    return {key: run_interleaved(steppers, args.repeats, args.steps * multiples.get(key, 1), args.warmup, pause, check)
+    settle = getattr(args, "settle", SETTLE_STEPS)
+    return {key: run_interleaved(steppers, args.repeats, args.steps * multiples.get(key, 1), args.warmup, pause, check,
+                                 settle)
             for key, steppers in groups.items()}, threads
 
 
@@ -323,6 +337,20 @@ def worker_info(name: str, threads: int, torch_contender: bool, **extra: Any) ->
         torch.set_num_threads(threads)
         info["torch_threads"] = torch.get_num_threads()
     return {**info, **library_versions()}
+
+
+def add_settle_argument(parser: Any) -> None:
+    """The ``--settle`` option of a training benchmark (untimed steps at the start of each block)."""
+    def count(text: str) -> int:
+        value = int(text)
+        if value < 0:
+            raise ValueError(text)
+        return value
+
+    count.__name__ = "count of steps (0 or more)"  # argparse's message: "invalid count of steps (0 or more) value"
+    parser.add_argument("--settle", type=count, default=SETTLE_STEPS,
+                        help=f"untimed steps at the start of each timed block, after the idle pause (default "
+                             f"{SETTLE_STEPS}; 0 times the first step after idle too)")
 
 
 def pause_for(threads: int, pause: float | None) -> float:

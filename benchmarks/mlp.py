@@ -289,7 +289,7 @@ def measure_separately(threads: int, batch: int, args: argparse.Namespace) -> di
                 env=harness.thread_env(threads),
             )
         check_agreement({name: w.info["first_losses"] for name, w in workers.items()})
-        samples = harness.interleave({name: functools.partial(w.run, args.steps) for name, w in workers.items()},
+        samples = harness.interleave({name: functools.partial(w.run, args.steps, args.settle) for name, w in workers.items()},
                                      args.repeats, harness.pause_for(threads, args.pause))
     finally:
         for w in workers.values():
@@ -318,14 +318,14 @@ def memory_table(results: list[dict[str, Any]]) -> str:
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     batches = [int(b) for b in args.batches.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
-    child = ["--repeats", str(args.repeats), "--steps", str(args.steps), "--warmup", str(args.warmup),
+    child = ["--repeats", str(args.repeats), "--steps", str(args.steps), "--warmup", str(args.warmup), "--settle", str(args.settle),
              "--names", "|".join(args.contender_names)] + ([] if args.pause is None else ["--pause", str(args.pause)])
     load_before = harness.machine_load()
     results = [{"batch": b, **harness.one_process_run(__file__, t, [*child, "--batch", str(b)])}
                for t in threads for b in batches]
     separate = [measure_separately(t, b, args) for t in threads for b in batches] if args.separate_processes else []
     report: dict[str, Any] = {
-        "settings": {"repeats": args.repeats, "steps_per_block": args.steps, "warmup": args.warmup,
+        "settings": {"repeats": args.repeats, "steps_per_block": args.steps, "warmup": args.warmup, "settle": args.settle,
                      "batches": batches, "threads": threads, "contenders": args.contender_names},
         "source": harness.source_version(os.path.dirname(os.path.abspath(__file__))),
         "load_average_before": load_before, "load_average_after": harness.machine_load(),
@@ -357,7 +357,8 @@ def print_report(report: dict[str, Any]) -> None:
     s = report["settings"]
     print(f"MLP {'-'.join(map(str, SIZES))} train step (SGD lr {SGD_LR:g}; Adam lr {LR:g}), float32. Every contender "
           f"in one process per (threads, batch), interleaved: median of {s['repeats']} repeats × "
-          f"{s['steps_per_block']} steps, after {3 + s['warmup']} untimed steps")
+          f"{s['steps_per_block']} steps, after {3 + s['warmup']} untimed steps (and {s['settle']} at the start of "
+          f"each block)")
     first = report["results"][0]
     for result in report["results"]:
         print(f"  batch {result['batch']}, threads={result['threads']}, {result['pause_s']} s idle before each block: "
@@ -392,6 +393,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pause", type=float,
                         help="seconds idle before each block, so the previous contender's spinning BLAS/OpenMP threads "
                              f"go to sleep (default {harness.SPIN_PAUSE_S} above one thread, 0 at one)")
+    harness.add_settle_argument(parser)
     parser.add_argument("--without-replay", action="store_true",
                         help="also NeuroFlow with replay_steps=False (its ops run every step)")
     parser.add_argument("--separate-processes", action="store_true",
@@ -410,9 +412,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, name, default)
     if args.repeats < 1 or args.steps < 1 or args.warmup < 0:
         parser.error("--repeats and --steps must be at least 1, --warmup at least 0")
-    total = 3 + args.warmup + args.repeats * args.steps
+    total = 3 + args.warmup + args.repeats * (args.settle + args.steps)
     if total > MAX_STEPS:
-        parser.error(f"each contender would run {total} steps (3 + warmup + repeats × steps); keep it at most "
+        parser.error(f"each contender would run {total} steps (3 + warmup + repeats × (settle + steps)); keep it at most "
                      f"{MAX_STEPS}: later steps time float32 denormals in Adam's state, not a training step")
     optimizers = [o for o in args.optimizers.split(",") if o]
     if not optimizers or any(o not in OPTIMIZERS for o in optimizers):
