@@ -242,3 +242,42 @@ def test_gpu_benchmark_says_why_it_skips_without_a_gpu():
     if registry.backends.get("cuda").is_available():
         pytest.skip("a GPU machine runs the real benchmark through make gpu-check")
     assert "needs an NVIDIA GPU" in _run("gpu.py").stdout
+
+
+def _harness():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import harness
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return harness
+
+
+def test_a_timed_block_starts_after_its_settling_steps(monkeypatch):
+    """``time_block`` runs ``settle`` untimed steps, then times ``steps`` (the slow first step is not in the time)."""
+    harness = _harness()
+    clock = iter(range(100, 200))
+    calls: list[str] = []
+    monkeypatch.setattr(harness.time, "perf_counter", lambda: float(next(clock)))
+
+    def step() -> None:
+        calls.append("step")
+        next(clock)  # one tick a step
+
+    assert harness.time_block(step, steps=4, settle=2) == pytest.approx((4 + 1) / 4)
+    assert len(calls) == 6
+
+
+def test_workers_settle_before_a_block_and_a_negative_settle_is_refused():
+    harness = _harness()
+    worker = harness.Worker(["-c", "import sys, json; sys.path.insert(0, sys.argv[1]); import harness; n = []; "
+                                   "print(json.dumps({}), flush=True); harness.serve_blocks(lambda: n.append(1)); "
+                                   "print('steps', len(n), flush=True)", str(BENCHMARKS)])
+    try:
+        assert worker.run(3, settle=2) >= 0 and worker.run(1, settle=0) >= 0 and worker.run(2) >= 0
+    finally:
+        worker.close()
+    assert worker.process.stdout.read().split() == ["steps", str(3 + 2 + 1 + 2 + harness.SETTLE_STEPS)]
+    refused = subprocess.run([sys.executable, str(BENCHMARKS / "cnn.py"), "--settle", "-1"], capture_output=True,
+                             text=True, timeout=60, check=False)
+    assert refused.returncode == 2 and "--settle" in refused.stderr
