@@ -79,8 +79,9 @@ def run_child(argv: Sequence[str], env: dict[str, str] | None = None, timeout: f
 
 
 #: Untimed steps at the start of every timed block of a training benchmark, after the idle pause before it.
-#: A training run steps back to back; the first step after 0.2 s idle pays for waking cores that went idle, and
-#: pays more the more often a step hands work to another thread. Measured on the 2-core Xeon (the small CNN of
+#: A training run steps back to back; after 0.2 s idle this machine runs memory-bound work at about half speed
+#: for a few ms (a 16 MB ``np.copyto`` on one thread: 2.5, 2.3, then 1.1 ms), so the first step pays for it, and
+#: the more memory-bound step pays more. Measured on the 2-core Xeon (the small CNN of
 #: ``cnn.py``, 2 threads, median over 15 blocks of each step's time by its place in the block): NeuroFlow 46.4,
 #: 31.1, 29.8, then 29.4-30.0 ms; PyTorch 24.0, 20.9, then 20.0-21.4. After 0.002 s idle NeuroFlow's first
 #: step took 29.8 ms; at one thread everywhere, after 0.2 s, 44.2 against 40.2 later. Benchmarks of latency
