@@ -80,6 +80,22 @@ def test_first_maximum_wins_ties() -> None:
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_a_nan_in_a_window_gives_nan_and_the_gradient_stays_on_the_maximum_before_it(layout: str) -> None:
+    """Taps in row-major order: a later tap takes the gradient only where strictly larger than the maximum so far,
+    and nothing is larger than a NaN. Windows: a NaN after three strict wins; a NaN first; a NaN second, then a
+    larger value; no NaN (for contrast)."""
+    nan = np.nan
+    x = np.array([[0, 1, nan, 3, 2, nan, 1, 2],
+                  [5, nan, 4, 5, 7, 1, 3, 0]], np.float32).reshape(1, 1, 2, 8)
+    pool = MaxPool2d(2, layout=layout)
+    y = from_layout(pool.forward(to_layout(x, layout)), layout)
+    np.testing.assert_array_equal(y.reshape(-1), [nan, nan, nan, 3])
+    gx = from_layout(pool.backward(to_layout(np.array([1, 2, 3, 4], np.float32).reshape(1, 1, 1, 4), layout)), layout)
+    np.testing.assert_array_equal(gx[0, 0], [[0, 0, 2, 0, 3, 0, 0, 0],
+                                             [1, 0, 0, 0, 0, 0, 4, 0]])
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("config", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1)], ids=str)
 def test_max_pool_with_relu_equals_relu_then_pool(config: dict[str, Any], layout: str, rng: np.random.Generator) -> None:
     from neuroflow import ops

@@ -152,6 +152,11 @@ class _WindowPool(Operator):
 class MaxPool2d(_WindowPool):
     """Maximum over each window; ``stride`` defaults to the kernel size, padding reads as −∞.
 
+    The gradient goes to one tap per window: taps in row-major order, a later one taking over only where it is
+    strictly larger than the maximum so far, so the first of equal values wins (as in PyTorch). A NaN makes the
+    window's output NaN, and as nothing is larger than it, the gradient stays on the maximum before it (PyTorch
+    sends it to the NaN).
+
     ``activation="relu"`` gives relu(maxpool(x)), which equals maxpool(relu(x))
     (the maximum commutes with a monotone function) at a quarter of a separate
     ReLU's passes for 2×2 windows: write ``Conv2d → MaxPool2d(2, activation="relu")``
