@@ -214,9 +214,7 @@ def parse_args(case: Case, argv: list[str] | None) -> argparse.Namespace:
 
 
 def child_argv(args: argparse.Namespace) -> list[str]:
-    argv = ["--repeats", str(args.repeats), "--steps", str(args.steps), "--warmup", str(args.warmup), "--settle", str(args.settle),
-            "--names", "|".join(args.contender_names)]
-    return argv + ([] if args.pause is None else ["--pause", str(args.pause)])
+    return [*harness.timing_argv(args), "--names", "|".join(args.contender_names)]
 
 
 def main(case: Case, script: str, argv: list[str] | None = None) -> int:

@@ -207,16 +207,19 @@ def frame_latencies(steppers: dict[str, Callable[[], float]], fps: float, rounds
     """Seconds of each batch-1 prediction made 1/``fps`` s after the previous one ended: ``rounds`` rounds in
     which every contender (in turn, the order rotating) takes a block of ``frames`` frames."""
     harness.warm_up(steppers, warmup, functools.partial(harness.first_values_agree, what="first value"))
-    names, gap = list(steppers), 1.0 / fps
-    latencies: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            for _ in range(frames):
-                time.sleep(gap)
-                start = time.perf_counter()
-                steppers[name]()
-                latencies[name].append(time.perf_counter() - start)
-    return {"fps": fps, "samples_s": latencies}
+    gap = 1.0 / fps
+
+    def block(step: Callable[[], float]) -> list[float]:
+        latencies = []
+        for _ in range(frames):
+            time.sleep(gap)
+            start = time.perf_counter()
+            step()
+            latencies.append(time.perf_counter() - start)
+        return latencies
+
+    blocks = harness.interleave({name: functools.partial(block, step) for name, step in steppers.items()}, rounds)
+    return {"fps": fps, "samples_s": {name: [t for one in runs for t in one] for name, runs in blocks.items()}}
 
 
 def frames_table(results: list[dict[str, Any]]) -> str:
@@ -294,15 +297,16 @@ def rss_table(separate: list[dict[str, Any]]) -> str:
         if TORCH in names else []
     table = []
     for result in separate:
-        rise = {n: result["workers"][n]["peak_rise_kb"] for n in names}
-        peak = {n: None if rise[n] is None else result["workers"][n]["rss_setup_kb"] + rise[n] for n in names}
+        rise: dict[str, int | None] = {n: result["workers"][n]["peak_rise_kb"] for n in names}
+        peak = {n: None if kb is None else result["workers"][n]["rss_setup_kb"] + kb for n, kb in rise.items()}
         cells: list[object] = [result["threads"], *(f"{statistics.median(result['samples_s'][n]) * 1e3:.1f}" for n in names)]
-        cells += ["—" if rise[n] is None else f"{rise[n] / 1024:.1f}" for n in names]
-        cells += ["—" if peak[n] is None else f"{peak[n] / 1024:.1f}" for n in names]
+        for kb in (rise, peak):
+            cells += ["—" if value is None else f"{value / 1024:.1f}" for value in (kb[n] for n in names)]
         if TORCH in names:
             cells.append(f"{harness.paired_ratio(result['samples_s'][MAIN], result['samples_s'][TORCH]):.2f}×")
-            cells.append(f"{rise[MAIN] / rise[TORCH]:.2f}×" if rise[MAIN] and rise[TORCH] else "—")
-            cells.append(f"{peak[MAIN] / peak[TORCH]:.2f}×" if peak[MAIN] and peak[TORCH] else "—")
+            for kb in (rise, peak):
+                ours, theirs = kb[MAIN], kb[TORCH]
+                cells.append(f"{ours / theirs:.2f}×" if ours and theirs else "—")
         table.append(cells)
     return harness.markdown_table(headers, table)
 
@@ -361,9 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     script = os.path.abspath(__file__)
     threads = [int(t) for t in args.threads.split(",")]
-    child = ["--repeats", str(args.repeats), "--steps", str(args.steps), "--warmup", str(args.warmup), "--settle", str(args.settle),
-             "--measurements", ",".join(args.measurements), "--fps", str(args.fps),
-             "--frames-per-block", str(args.frames_per_block)] + ([] if args.pause is None else ["--pause", str(args.pause)])
+    child = [*harness.timing_argv(args), "--measurements", ",".join(args.measurements), "--fps", str(args.fps),
+             "--frames-per-block", str(args.frames_per_block)]
     child += ["--keep-maps"] if args.keep_maps else []
     load_before = harness.machine_load()
     results = [harness.one_process_run(script, t, child) for t in threads]

@@ -26,8 +26,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 # Every thread-count variable a BLAS or OpenMP runtime on this machine might read. They only take
 # effect when set before the library is loaded, hence a fresh process per thread count.
@@ -165,15 +165,19 @@ def start_worker(step: Callable[[], float], warmup: int, info: dict[str, Any]) -
     serve_blocks(step)
 
 
-def interleave(blocks: dict[str, Callable[[], float]], rounds: int, pause: float = 0.0) -> dict[str, list[float]]:
-    """One sample per round from each block function (seconds per step of one timed block).
+Sample = TypeVar("Sample")
+
+
+def interleave(blocks: Mapping[str, Callable[[], Sample]], rounds: int,
+               pause: float = 0.0) -> dict[str, list[Sample]]:
+    """One sample per round from each block function (seconds per step of one timed block, or what it returns).
 
     Each round runs every contender's block in turn, so all of them see the same machine load; the
     starting contender rotates so none always follows the same other one. ``pause`` seconds between
     blocks let the previous contender's spinning threads go to sleep.
     """
     names = list(blocks)
-    samples: dict[str, list[float]] = {name: [] for name in names}
+    samples: dict[str, list[Sample]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
             time.sleep(pause)
@@ -253,7 +257,7 @@ def describe_threads(report: dict[str, Any]) -> str:
     return f"{report['how']}; the libraries report: " + ", ".join(says)
 
 
-def time_block(step: Callable[[], object], steps: int, settle: int = 0) -> float:
+def time_block(step: Callable[[], object], steps: int, settle: int) -> float:
     """Seconds per step over ``steps`` consecutive calls of ``step``, after ``settle`` untimed calls."""
     for _ in range(settle):
         step()
@@ -311,9 +315,8 @@ def measure_in_child(groups: dict[str, dict[str, Callable[[], float]]], args: An
     threads = limit_threads(args.one_process_child)
     pause = pause_for(args.one_process_child, args.pause)
     multiples = step_multiples or {}
-    settle = getattr(args, "settle", SETTLE_STEPS)
     return {key: run_interleaved(steppers, args.repeats, args.steps * multiples.get(key, 1), args.warmup, pause, check,
-                                 settle)
+                                 args.settle)
             for key, steppers in groups.items()}, threads
 
 
@@ -352,6 +355,14 @@ def add_settle_argument(parser: Any) -> None:
     parser.add_argument("--settle", type=count, default=SETTLE_STEPS,
                         help=f"untimed steps at the start of each timed block, after the idle pause (default "
                              f"{SETTLE_STEPS}; 0 times the first step after idle too)")
+
+
+def timing_argv(args: Any) -> list[str]:
+    """The timing options of a training benchmark (``--repeats``, ``--steps``, ``--warmup``, ``--settle`` and
+    ``--pause`` where given) as its one-process child takes them."""
+    argv = ["--repeats", str(args.repeats), "--steps", str(args.steps), "--warmup", str(args.warmup),
+            "--settle", str(args.settle)]
+    return argv + ([] if args.pause is None else ["--pause", str(args.pause)])
 
 
 def pause_for(threads: int, pause: float | None) -> float:

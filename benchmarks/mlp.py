@@ -318,8 +318,7 @@ def memory_table(results: list[dict[str, Any]]) -> str:
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     batches = [int(b) for b in args.batches.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
-    child = ["--repeats", str(args.repeats), "--steps", str(args.steps), "--warmup", str(args.warmup), "--settle", str(args.settle),
-             "--names", "|".join(args.contender_names)] + ([] if args.pause is None else ["--pause", str(args.pause)])
+    child = [*harness.timing_argv(args), "--names", "|".join(args.contender_names)]
     load_before = harness.machine_load()
     results = [{"batch": b, **harness.one_process_run(__file__, t, [*child, "--batch", str(b)])}
                for t in threads for b in batches]

@@ -122,7 +122,7 @@ class SeparableConv2d(ChannelsLastOperator):
                                          depth_multiplier=depth_multiplier, layout="NHWC", dtype=dtype)
         self.pointwise = Conv2d(in_channels * depth_multiplier, out_channels, 1, bias=bias, layout="NHWC", dtype=dtype)
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self._refill: Operator | None = None  # the op to hand the depthwise output again in backward (set by forward)
+        self._refilling = False  # whether backward writes the depthwise output again (set by forward)
 
     @property
     def needs_input_grad(self) -> bool:
@@ -148,8 +148,8 @@ class SeparableConv2d(ChannelsLastOperator):
         # As a chain of two: on a step's planned buffers the depthwise output dies here when backward can write it
         # again for the pointwise convolution, else with the pointwise's backward.
         let_go = affine is None and self.training and self.recompute_outputs
-        refill = None if pool is None else read_on_pool(pool, self.depthwise, self.pointwise, depthwise, y, let_go)
-        object.__setattr__(self, "_refill", refill)  # forward state, not a child: no bookkeeping
+        self._refilling = pool is not None and read_on_pool(pool, self.depthwise, self.pointwise, depthwise, y,
+                                                            let_go) is not None
         return self._from_nhwc(y, self.layout, "y")
 
     def input_keeper(self) -> Operator | None:
@@ -161,8 +161,8 @@ class SeparableConv2d(ChannelsLastOperator):
         tracing = pool is not None and pool.tracing
         with Workspace(self, "backward") as ws:
             g = self._to_nhwc(grad_out, self.layout, "g_nhwc", ws)
-            if self._refill is not None:
-                self._refill.save_input(self.depthwise.write_output_again())
+            if self._refilling:  # to the keeper read_on_pool found: the pointwise convolution itself
+                self.pointwise.input_keeper().save_input(self.depthwise.write_output_again())
             g_depthwise = self.pointwise.backward(g)
             if tracing:  # each child's end, as a chain reports it: its buffers and the gradient it read die now
                 pool.handoff(g, g_depthwise, self.pointwise)

@@ -79,20 +79,24 @@ def matmul(xp: Any, a: Any, b: Any, out: Any = None) -> Any:
     """``xp.matmul(a, b, out=out)``, on as many of OpenBLAS's threads as its size pays for (numpy arrays)."""
     if xp is not np:
         return xp.matmul(a, b, out=out)
-    size = work(a, b)
-    return np.matmul(a, b, out=out) if size <= OPENBLAS_SERIAL else _on_threads(threads_for(size), a, b, out)
+    return _product(work(a, b))(a, b, out=out)
 
 
 def matmul_call(a: Any, b: Any, out: Any) -> Callable[[], Any]:
     """:func:`matmul` of numpy arrays as a call to repeat on the same arrays (a replayed step's, see
     :mod:`neuroflow.replay`): the size and the thread count worked out once, not every step."""
-    size = work(a, b)
-    if size <= OPENBLAS_SERIAL:
-        return functools.partial(np.matmul, a, b, out=out)
-    return functools.partial(_on_threads, threads_for(size), a, b, out)
+    return functools.partial(_product(work(a, b)), a, b, out=out)
 
 
-def _on_threads(count: int, a: Any, b: Any, out: Any) -> Any:
+def _product(multiply_adds: int) -> Callable[..., Any]:
+    """What runs a product of ``multiply_adds``: numpy's matmul as it is under OpenBLAS's own serial size, else
+    on the threads it pays for."""
+    if multiply_adds <= OPENBLAS_SERIAL:
+        return np.matmul
+    return functools.partial(_on_threads, threads_for(multiply_adds))
+
+
+def _on_threads(count: int, a: Any, b: Any, out: Any = None) -> Any:
     """``np.matmul(a, b, out=out)`` with OpenBLAS held at no more than ``count`` threads."""
     if not _lower_to(count):
         return np.matmul(a, b, out=out)
